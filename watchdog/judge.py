@@ -1,0 +1,333 @@
+"""The judgement: observations in, verdicts out. Pure: no I/O, no clock; time arrives with each observation.
+
+Per engine (vLLM's ``engine`` label) the judge keeps a small track and decides a state:
+
+- ``starting``  the server answers (or its port is open) but no generation has yet proven it serves;
+- ``idle``      proven, nothing pending;
+- ``working``   work pending and progress within the suspicion delay;
+- ``suspect``   work pending and no progress for ``suspect_after`` seconds: a long step or a freeze;
+                a later stage (stack evidence) may confirm it (frozen) or clear it (working);
+- ``frozen``    work pending and no progress for ``stall_window`` seconds, or stacks confirmed it;
+- ``down``      nothing listening, HTTP 5xx, or the engine's series vanished;
+- ``blind``     the page cannot be read or has no engine series: the watchdog cannot judge and says so.
+
+Work pending means running > 0 or waiting > 0 on the page, or a probe request outstanding (the page
+cannot show a request stuck on the first step after idle). Progress means any work counter advancing or
+the KV-cache usage changing (the only thing that moves during a long chunked prefill).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from watchdog.page import SERVING_COUNTERS, EngineReading
+from watchdog.scrape import DOWN_KINDS, NO_ANSWER, Scrape
+
+SERVER = "server"  # the pseudo-engine that carries verdicts before any engine has been seen
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    IDLE = "idle"
+    WORKING = "working"
+    SUSPECT = "suspect"
+    FROZEN = "frozen"
+    DOWN = "down"
+    BLIND = "blind"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    suspect_after: float = 15.0
+    stall_window: float = 40.0
+    probe_interval: float = 30.0  # 0 disables probes
+    probe_retry: float = 5.0  # while starting, how often to try to prove the engine serves
+    kv_epsilon: float = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeStarted:
+    t: float
+    probe_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeFinished:
+    t: float
+    probe_id: int
+    ok: bool
+    answered: bool  # False: no response before the deadline (or connection lost)
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StackEvidence:
+    """A later stage's reading of the stacks: ``stuck`` confirms a suspicion, otherwise it clears it."""
+
+    t: float
+    engine: str
+    stuck: bool
+    reason: str
+
+
+Observation = Scrape | ProbeStarted | ProbeFinished | StackEvidence
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    engine: str
+    state: State
+    reason: str
+    since: float
+    t: float
+    stalled_for: float = 0.0
+    incarnation: int = 1
+    model: str = ""
+    last_progress: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    t: float
+    engine: str
+    from_state: State | None
+    to_state: State
+    reason: str
+
+
+@dataclass(slots=True)
+class _Track:
+    engine: str
+    model: str = ""
+    counters: dict[str, float] | None = None
+    kv: float | None = None
+    running: float = 0.0
+    waiting: float = 0.0
+    last_progress: float | None = None
+    pending_since: float | None = None
+    confirmed: StackEvidence | None = None
+    ready: bool = False
+    incarnation: int = 1
+    verdict: Verdict | None = None
+
+    def forget_incarnation(self) -> None:
+        """The engine went away: what comes back is a new incarnation that must prove itself again."""
+        if self.counters is not None or self.ready:
+            self.incarnation += 1
+        self.counters, self.kv, self.ready = None, None, False
+        self.last_progress = self.pending_since = None
+        self.confirmed = None
+        self.running = self.waiting = 0.0
+
+
+@dataclass(slots=True)
+class _Probe:
+    in_flight: ProbeStarted | None = None
+    last_started: float | None = None
+    stuck_since: float | None = None  # a probe got no answer and nothing has served since
+    last_error: str = ""
+
+
+@dataclass
+class Judge:
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    tracks: dict[str, _Track] = field(default_factory=dict)
+    probe: _Probe = field(default_factory=_Probe)
+    server_answered: bool = False
+    last_scrape_ok: bool = False
+
+    # -- public API ------------------------------------------------------------------------------------
+
+    def observe(self, obs: Observation) -> list[Transition]:
+        if isinstance(obs, Scrape):
+            return self._on_scrape(obs)
+        if isinstance(obs, ProbeStarted):
+            self.probe.in_flight, self.probe.last_started = obs, obs.t
+            return []
+        if isinstance(obs, ProbeFinished):
+            return self._on_probe_finished(obs)
+        return self._on_evidence(obs)
+
+    def verdicts(self) -> list[Verdict]:
+        return [tr.verdict for tr in self.tracks.values() if tr.verdict is not None]
+
+    def wants_probe(self, t: float) -> bool:
+        """Whether a probe request would tell the judgement something the page cannot."""
+        th, pr = self.thresholds, self.probe
+        if th.probe_interval <= 0 or pr.in_flight is not None or not self.last_scrape_ok:
+            return False
+        since_last = None if pr.last_started is None else t - pr.last_started
+        for tr in self.tracks.values():
+            if tr.engine == SERVER or tr.running > 0 or tr.waiting > 0:
+                continue  # the page itself shows whether this engine's work moves
+            if since_last is None:
+                return True
+            gap = th.probe_interval if tr.ready and pr.stuck_since is None else min(th.probe_retry, th.probe_interval)
+            if since_last >= gap:
+                return True
+        return False
+
+    # -- scrapes ---------------------------------------------------------------------------------------
+
+    def _on_scrape(self, s: Scrape) -> list[Transition]:
+        self.last_scrape_ok = s.ok
+        if s.page is None:
+            return self._on_failed_scrape(s)
+        self.server_answered = True
+        self.tracks.pop(SERVER, None)
+        engines = s.page.engines
+        if not engines:
+            if s.page.vllm_series:
+                why = (f"the page has {s.page.vllm_series} vllm: series but none of the engine's "
+                       "(running, waiting, token counters): vLLM runs with --disable-log-stats?")
+            else:
+                why = "the page has no vllm: series: not a vLLM server, or log stats are disabled"
+            return self._set_all(s.t, State.BLIND, why)
+        out: list[Transition] = []
+        for name, tr in self.tracks.items():
+            if name not in engines:
+                tr.forget_incarnation()
+                out += self._set(tr, s.t, State.DOWN, "the engine's series vanished from the page")
+        for name, reading in engines.items():
+            tr = self.tracks.setdefault(name, _Track(engine=name))
+            out += self._judge_engine(tr, reading, s)
+        return out
+
+    def _on_failed_scrape(self, s: Scrape) -> list[Transition]:
+        if s.error_kind in DOWN_KINDS:
+            if s.error_kind != "http_5xx":
+                self.server_answered = False
+                for tr in self.tracks.values():
+                    tr.forget_incarnation()
+            return self._set_all(s.t, State.DOWN, s.error)
+        if s.error_kind == NO_ANSWER and not self.server_answered:
+            return self._set_all(s.t, State.STARTING, f"{s.error}: still loading?")
+        if s.error_kind == NO_ANSWER:
+            return self._set_all(s.t, State.DOWN, f"the API server stopped answering: {s.error}")
+        return self._set_all(s.t, State.BLIND, f"cannot read the page ({s.error_kind}): {s.error}")
+
+    def _judge_engine(self, tr: _Track, r: EngineReading, s: Scrape) -> list[Transition]:
+        t, th = s.t, self.thresholds
+        tr.model = r.model or tr.model
+        if r.running is None or r.waiting is None:
+            missing = "vllm:num_requests_running" if r.running is None else "vllm:num_requests_waiting"
+            return self._set(tr, t, State.BLIND, f"{missing} is missing or not a finite number")
+        if not r.counters:
+            return self._set(tr, t, State.BLIND, "no token or request counters for this engine on the page")
+        tr.running, tr.waiting = r.running, r.waiting
+        progress, restarted = self._progress(tr, r)
+        if restarted:
+            tr.forget_incarnation()
+            tr.running, tr.waiting = r.running, r.waiting
+        tr.counters, tr.kv = dict(r.counters), r.kv_usage
+        if progress:
+            tr.last_progress, tr.confirmed = t, None
+            if SERVING_COUNTERS & set(progress):
+                tr.ready = True
+                self.probe.stuck_since = None
+        page_pending = r.running > 0 or r.waiting > 0
+        probe_since = self._probe_pending_since()
+        if page_pending or probe_since is not None:
+            if tr.pending_since is None:
+                tr.pending_since = t if page_pending or probe_since is None else probe_since
+        else:
+            tr.pending_since = None
+        work = f"running={r.running:g} waiting={r.waiting:g}"
+        if not page_pending and probe_since is not None:
+            work += ", a probe request outstanding"
+        if tr.pending_since is not None:
+            stall_start = max(tr.pending_since, tr.last_progress or tr.pending_since)
+            stalled = t - stall_start
+            if tr.confirmed is not None and tr.confirmed.t >= stall_start:
+                return self._set(tr, t, State.FROZEN, f"stacks confirm: {tr.confirmed.reason} ({work})", stalled)
+            if stalled >= th.stall_window:
+                return self._set(tr, t, State.FROZEN,
+                                 f"no progress for {stalled:.0f}s with work pending ({work})", stalled)
+            if stalled >= th.suspect_after:
+                return self._set(tr, t, State.SUSPECT, f"no progress for {stalled:.0f}s with work pending ({work}); "
+                                 f"a long step or a freeze (frozen at {th.stall_window:g}s)", stalled)
+            if page_pending:
+                moved = ", ".join(sorted(progress)) if progress else "nothing yet"
+                return self._set(tr, t, State.WORKING, f"{work}; moved: {moved}", stalled)
+        if restarted:
+            return self._set(tr, t, State.STARTING, "counters went backwards: the engine restarted")
+        if not tr.ready:
+            why = "answering; waiting for a first generation to prove the engine serves"
+            if self.probe.last_error:
+                why += f" (last probe: {self.probe.last_error})"
+            return self._set(tr, t, State.STARTING, why)
+        return self._set(tr, t, State.IDLE, "no work pending")
+
+    def _progress(self, tr: _Track, r: EngineReading) -> tuple[list[str], bool]:
+        """Names of what moved since the last page, and whether the counters went backwards."""
+        if tr.counters is None:
+            return [], False
+        moved: list[str] = []
+        for name, value in r.counters.items():
+            before = tr.counters.get(name)
+            if before is None:
+                continue
+            if value < before:
+                return [], True
+            if value > before:
+                moved.append(name)
+        if r.kv_usage is not None and tr.kv is not None and abs(r.kv_usage - tr.kv) > self.thresholds.kv_epsilon:
+            moved.append("kv_cache_usage")
+        return moved, False
+
+    # -- probes and evidence ---------------------------------------------------------------------------
+
+    def _probe_pending_since(self) -> float | None:
+        starts = [x for x in (self.probe.stuck_since,
+                              self.probe.in_flight.t if self.probe.in_flight else None) if x is not None]
+        return min(starts) if starts else None
+
+    def _on_probe_finished(self, p: ProbeFinished) -> list[Transition]:
+        started = self.probe.in_flight.t if self.probe.in_flight else p.t
+        self.probe.in_flight = None
+        if p.ok:
+            self.probe.stuck_since, self.probe.last_error = None, ""
+            for tr in self.tracks.values():
+                tr.ready = True
+            return []
+        self.probe.last_error = p.detail
+        if not p.answered and self.probe.stuck_since is None:
+            self.probe.stuck_since = started
+        return []
+
+    def _on_evidence(self, e: StackEvidence) -> list[Transition]:
+        tr = self.tracks.get(e.engine)
+        if tr is None or tr.verdict is None:
+            return []
+        if e.stuck:
+            tr.confirmed = e
+            return self._set(tr, e.t, State.FROZEN, f"stacks confirm: {e.reason}", tr.verdict.stalled_for)
+        tr.last_progress, tr.confirmed = e.t, None
+        return self._set(tr, e.t, State.WORKING, f"stacks show work: {e.reason}")
+
+    # -- bookkeeping -----------------------------------------------------------------------------------
+
+    def _set_all(self, t: float, state: State, reason: str) -> list[Transition]:
+        if not self.tracks:
+            self.tracks[SERVER] = _Track(engine=SERVER)
+        out: list[Transition] = []
+        for tr in self.tracks.values():
+            out += self._set(tr, t, state, reason)
+        return out
+
+    def _set(self, tr: _Track, t: float, state: State, reason: str, stalled: float = 0.0) -> list[Transition]:
+        old = tr.verdict
+        since = old.since if old is not None and old.state == state else t
+        tr.verdict = Verdict(tr.engine, state, reason, since, t, stalled, tr.incarnation, tr.model, tr.last_progress)
+        if old is not None and old.state == state:
+            return []
+        return [Transition(t, tr.engine, old.state if old else None, state, reason)]
+
+
+def worst(verdicts: Iterable[Verdict]) -> Verdict | None:
+    """The verdict an operator should see first."""
+    order = [State.FROZEN, State.DOWN, State.BLIND, State.SUSPECT, State.STARTING, State.WORKING, State.IDLE]
+    ranked = sorted(verdicts, key=lambda v: order.index(v.state))
+    return ranked[0] if ranked else None

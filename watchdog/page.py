@@ -1,0 +1,171 @@
+"""Read the few series the judgement needs out of a Prometheus text page.
+
+A TP=2 vLLM page is ~56 KB and ~90 metric families; the judgement needs about a dozen lines of it.
+This reader skips every line that does not start with ``vllm:`` and looks only at the names it
+wants, which is far cheaper than a full parse (see ``bench/``). ``tests/unit/test_page_conformance.py``
+proves it agrees with ``prometheus_client``'s parser on real pages.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Gauges the judgement reads, with the older spelling mapped onto the current one.
+GAUGES: Mapping[str, str] = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage",  # renamed to kv_cache_usage_perc; gone by 0.14
+}
+
+# Counters whose advance means the engine did work. Summed over their other labels per engine.
+# Older spellings map onto the current name so progress is compared like with like.
+COUNTERS: Mapping[str, str] = {
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:request_success_total": "request_success",
+    "vllm:num_preemptions_total": "preemptions",
+    "vllm:iteration_tokens_total_count": "iterations",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:gpu_prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:spec_decode_num_drafts_total": "spec_drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_tokens",
+    "vllm:estimated_flops_per_gpu_total": "estimated_flops",
+}
+
+# Counters that only move when a request emits output: their advance proves the engine serves.
+SERVING_COUNTERS = frozenset({"generation_tokens", "request_success"})
+
+_WANTED: Mapping[str, tuple[str, str]] = {
+    **{name: ("gauge", field_) for name, field_ in GAUGES.items()},
+    **{name: ("counter", field_) for name, field_ in COUNTERS.items()},
+}
+
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_UNESCAPE = re.compile(r"\\(.)")
+
+DEFAULT_ENGINE = "0"  # vLLM before data parallelism had no `engine` label; a single engine is "0".
+
+
+class PageError(Exception):
+    """The page cannot be read as a vLLM metrics page. ``kind`` is a short stable code."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    """What one engine's series said on one page."""
+
+    engine: str
+    model: str = ""
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    counters: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PageReading:
+    engines: Mapping[str, EngineReading]
+    vllm_series: int  # how many `vllm:` sample lines the page had (of any name)
+    dropped: tuple[str, ...] = ()  # values ignored because they were NaN or infinite
+
+
+def _parse_labels(text: str, line_no: int) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    pos = 0
+    while pos < len(text):
+        m = _LABEL.match(text, pos)
+        if m is None:
+            if text[pos:].strip() == "":
+                break
+            raise PageError("malformed", f"line {line_no}: cannot read labels {{{text}}}")
+        labels[m.group(1)] = _UNESCAPE.sub(lambda e: "\n" if e.group(1) == "n" else e.group(1), m.group(2))
+        pos = m.end()
+    return labels
+
+
+def _split_sample(line: str, line_no: int) -> tuple[str, str, float]:
+    """Split ``name{labels} value [timestamp]`` into name, raw label text and value."""
+    brace = line.find("{")
+    if brace >= 0:
+        close = line.rfind("}")
+        if close < brace:
+            raise PageError("malformed", f"line {line_no}: unclosed label set: {line[:120]!r}")
+        name, label_text, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
+    else:
+        name, _, rest = line.partition(" ")
+        label_text = ""
+    parts = rest.split()
+    if not parts:
+        raise PageError("malformed", f"line {line_no}: sample has no value: {line[:120]!r}")
+    try:
+        value = float(parts[0])
+    except ValueError:
+        raise PageError("malformed", f"line {line_no}: value {parts[0][:40]!r} is not a number") from None
+    return name.strip(), label_text, value
+
+
+def read_page(text: str) -> PageReading:
+    """Pick the judgement's series out of a page. Raises PageError when the page is not usable."""
+    head = text.lstrip()[:1]
+    if head == "<":
+        raise PageError("html", "the page is HTML, not Prometheus text: is the URL the vLLM server's base URL?")
+    if text and not text.endswith("\n"):
+        raise PageError("truncated", f"the page ends mid-line after {len(text)} characters (cut off)")
+    gauges: dict[str, dict[str, float]] = {}
+    counters: dict[str, dict[str, float]] = {}
+    models: dict[str, str] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    dropped: list[str] = []
+    poisoned: set[tuple[str, str]] = set()  # (engine, counter) with a non-finite part: unusable
+    vllm_series = 0
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("vllm:"):
+            continue
+        vllm_series += 1
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=len(line))
+        wanted = _WANTED.get(line[:name_end])
+        if wanted is None:
+            continue
+        name, label_text, value = _split_sample(line, line_no)
+        labels = _parse_labels(label_text, line_no) if label_text else {}
+        key = (name, tuple(sorted(labels.items())))
+        if key in seen:
+            raise PageError("duplicate", f"line {line_no}: series {name}{{{label_text}}} appears twice")
+        seen.add(key)
+        engine = labels.get("engine", DEFAULT_ENGINE)
+        models.setdefault(engine, labels.get("model_name", ""))
+        kind, field_ = wanted
+        if not math.isfinite(value):
+            dropped.append(f"{name}{{{label_text}}} = {value}")
+            poisoned.add((engine, field_))
+            continue
+        if kind == "gauge":
+            gauges.setdefault(engine, {})[field_] = value
+        else:
+            per_engine = counters.setdefault(engine, {})
+            per_engine[field_] = per_engine.get(field_, 0.0) + value
+    for engine, field_ in poisoned:
+        gauges.get(engine, {}).pop(field_, None)
+        counters.get(engine, {}).pop(field_, None)
+    engines = {
+        engine: EngineReading(
+            engine=engine,
+            model=models.get(engine, ""),
+            running=gauges.get(engine, {}).get("running"),
+            waiting=gauges.get(engine, {}).get("waiting"),
+            kv_usage=gauges.get(engine, {}).get("kv_usage"),
+            counters=counters.get(engine, {}),
+        )
+        for engine in sorted(set(gauges) | set(counters) | set(models))
+    }
+    return PageReading(engines=engines, vllm_series=vllm_series, dropped=tuple(dropped))

@@ -1,0 +1,128 @@
+"""Recordings of what the judgement saw, as JSON lines, and their replay.
+
+A trace holds observations only (scrapes as readings, probe starts and ends, stack evidence), never
+verdicts, so replaying it under other thresholds shows what those thresholds would have decided.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from watchdog.judge import Judge, Observation, ProbeFinished, ProbeStarted, StackEvidence, Thresholds, Transition
+from watchdog.page import EngineReading, PageReading
+from watchdog.scrape import Scrape
+
+TRACE_VERSION = 1
+
+
+class TraceError(Exception):
+    """A trace file cannot be read; the message names the line."""
+
+
+def to_record(obs: Observation, wall: float | None = None) -> dict[str, Any]:
+    if isinstance(obs, Scrape):
+        rec: dict[str, Any] = {"kind": "scrape", "t": obs.t, "wall": obs.wall}
+        if obs.page is None:
+            rec.update(error_kind=obs.error_kind, error=obs.error, status=obs.status)
+        else:
+            rec["vllm_series"] = obs.page.vllm_series
+            rec["engines"] = {
+                name: {"model": e.model, "running": e.running, "waiting": e.waiting, "kv": e.kv_usage,
+                       "counters": dict(e.counters)}
+                for name, e in obs.page.engines.items()
+            }
+        return rec
+    if isinstance(obs, ProbeStarted):
+        return {"kind": "probe_started", "t": obs.t, "wall": wall, "id": obs.probe_id}
+    if isinstance(obs, ProbeFinished):
+        return {"kind": "probe_finished", "t": obs.t, "wall": wall, "id": obs.probe_id, "ok": obs.ok,
+                "answered": obs.answered, "detail": obs.detail}
+    return {"kind": "evidence", "t": obs.t, "wall": wall, "engine": obs.engine, "stuck": obs.stuck,
+            "reason": obs.reason}
+
+
+def from_record(rec: dict[str, Any]) -> Observation:
+    kind = rec["kind"]
+    t = float(rec["t"])
+    if kind == "scrape":
+        if "engines" not in rec:
+            return Scrape(t, float(rec.get("wall") or 0), None, rec["error_kind"], rec.get("error", ""),
+                          rec.get("status"))
+        engines = {
+            name: EngineReading(name, e.get("model", ""), e.get("running"), e.get("waiting"), e.get("kv"),
+                                {k: float(v) for k, v in e.get("counters", {}).items()})
+            for name, e in rec["engines"].items()
+        }
+        return Scrape(t, float(rec.get("wall") or 0), PageReading(engines, int(rec.get("vllm_series", 0))))
+    if kind == "probe_started":
+        return ProbeStarted(t, int(rec["id"]))
+    if kind == "probe_finished":
+        return ProbeFinished(t, int(rec["id"]), bool(rec["ok"]), bool(rec["answered"]), rec.get("detail", ""))
+    if kind == "evidence":
+        return StackEvidence(t, rec["engine"], bool(rec["stuck"]), rec.get("reason", ""))
+    raise KeyError(f"unknown observation kind {kind!r}")
+
+
+def read_trace(path: str | os.PathLike[str]) -> Iterator[Observation]:
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
+    except OSError as e:
+        raise TraceError(f"{path}: cannot open: {e.strerror}") from None
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if rec.get("kind") == "header":
+                    if rec.get("version") != TRACE_VERSION:
+                        raise TraceError(f"{path}:{n}: trace version {rec.get('version')!r}, "
+                                         f"this watchdog reads {TRACE_VERSION}")
+                    continue
+                yield from_record(rec)
+            except TraceError:
+                raise
+            except (ValueError, KeyError, TypeError) as e:
+                raise TraceError(f"{path}:{n}: not a trace record ({type(e).__name__}: {e})") from None
+
+
+def replay(observations: Iterator[Observation], thresholds: Thresholds) -> Iterator[Transition]:
+    judge = Judge(thresholds)
+    for obs in observations:
+        yield from judge.observe(obs)
+
+
+class TraceWriter:
+    """Appends observations to a JSON-lines file; rolls it over to ``.1`` past ``max_bytes``."""
+
+    def __init__(self, path: Path, max_bytes: int = 0, header: dict[str, Any] | None = None) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self._header = {"kind": "header", "version": TRACE_VERSION, **(header or {})}
+        self._f: IO[str] | None = None
+
+    def write(self, obs: Observation, wall: float | None = None) -> None:
+        if self._f is None:
+            self._open()
+        assert self._f is not None
+        self._f.write(json.dumps(to_record(obs, wall), separators=(",", ":")) + "\n")
+        self._f.flush()
+        if self.max_bytes and self._f.tell() > self.max_bytes:
+            self._f.close()
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            self._f = None
+
+    def _open(self) -> None:
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across writes
+        if fresh:
+            self._f.write(json.dumps(self._header) + "\n")
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
