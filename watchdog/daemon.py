@@ -134,7 +134,7 @@ class Daemon:
         self._open_state()
         if self.cfg.exporter.port and not once:
             self.exporter.serve(self.cfg.exporter.listen, self.cfg.exporter.port)
-        sinks: list[ObservationSink] = []
+        sinks: list[ObservationSink] = [self._count]
         if self._trace is not None:
             sinks.append(self._trace.write)
         watcher = build_watcher(self.cfg, sinks)
@@ -169,9 +169,13 @@ class Daemon:
 
     # -- reporting -------------------------------------------------------------------------------------
 
+    def _count(self, obs: Observation, _wall: float) -> None:
+        if isinstance(obs, Scrape):
+            self.exporter.observe_scrape(obs)
+        elif isinstance(obs, ProbeFinished):
+            self.exporter.observe_probe(obs)
+
     def _report(self, watcher: Watcher, transitions: list[Transition]) -> None:
-        if watcher.last_scrape is not None:
-            self.exporter.observe_scrape(watcher.last_scrape)
         self.exporter.observe_transitions(transitions)
         self.exporter.set_verdicts(watcher.judge.verdicts(), watcher.clock())
         for tr in transitions:

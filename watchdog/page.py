@@ -46,7 +46,7 @@ _WANTED: Mapping[str, tuple[str, str]] = {
 }
 
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_UNESCAPE = re.compile(r"\\(.)")
+_UNESCAPE = re.compile(r'\\([\\n"])')  # the only escapes in the text format; any other backslash stays
 
 DEFAULT_ENGINE = "0"  # vLLM before data parallelism had no `engine` label; a single engine is "0".
 
@@ -128,7 +128,7 @@ def read_page(text: str) -> PageReading:
     dropped: list[str] = []
     poisoned: set[tuple[str, str]] = set()  # (engine, counter) with a non-finite part: unusable
     vllm_series = 0
-    for line_no, line in enumerate(text.splitlines(), 1):
+    for line_no, line in enumerate(text.split("\n"), 1):
         if not line.startswith("vllm:"):
             continue
         vllm_series += 1

@@ -27,8 +27,18 @@ class Notifier:
         self.watchdog_interval = int(usec) / 1e6 if usec.isdigit() else None
 
     def send(self, *fields: str) -> None:
-        if self._notify is not None:
-            self._notify("\n".join(fields))
+        """Best effort: a notify that fails must not stop the watching. A signal may interrupt the send."""
+        if self._notify is None:
+            return
+        for _attempt in range(3):
+            try:
+                self._notify("\n".join(fields))
+                return
+            except InterruptedError:
+                continue
+            except OSError as e:
+                log.warning("sd_notify failed: %s", e)
+                return
 
     def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={status}")

@@ -1,0 +1,109 @@
+"""Small hand-written fakes for unit tests. Integration tests use the real vLLM (tests/engine)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class EngineModel:
+    """What the fake server's one engine reports. Tests change it while the server runs."""
+
+    running: float = 0
+    waiting: float = 0
+    kv: float = 0.0
+    gen: float = 0
+    prompt: float = 0
+    probe: str = "ok"  # ok | hang | error
+    probes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def page(self) -> str:
+        lab = 'engine="0",model_name="fake"'
+        return (
+            "# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{{{lab}}} {self.running}\n"
+            f"vllm:num_requests_waiting{{{lab}}} {self.waiting}\n"
+            f"vllm:kv_cache_usage_perc{{{lab}}} {self.kv}\n"
+            f"vllm:generation_tokens_total{{{lab}}} {self.gen}\n"
+            f"vllm:prompt_tokens_total{{{lab}}} {self.prompt}\n"
+        )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def _send(self, code: int, body: str, ctype: str = "text/plain; version=0.0.4") -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        m = self.server.model
+        if self.path == "/metrics":
+            with m.lock:
+                self._send(200, m.page())
+        elif self.path == "/v1/models":
+            self._send(200, json.dumps({"data": [{"id": "fake"}]}), "application/json")
+        else:
+            self._send(404, "not found")
+
+    def do_POST(self) -> None:
+        m = self.server.model
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path != "/v1/completions":
+            self._send(404, "not found")
+            return
+        if m.probe == "hang":
+            m.release.wait(30)
+        if m.probe == "error":
+            self._send(500, "engine error")
+            return
+        with m.lock:
+            m.probes += 1
+            m.gen += 1
+            m.prompt += 8
+        self._send(200, json.dumps({"choices": [{"text": "x"}]}), "application/json")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    model: EngineModel
+
+
+@contextmanager
+def fake_engine(model: EngineModel | None = None) -> Iterator[tuple[str, EngineModel]]:
+    """A real HTTP server on loopback that speaks the few vLLM endpoints the watchdog uses."""
+    server = _Server(("127.0.0.1", 0), _Handler)
+    server.model = model or EngineModel()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server.model
+    finally:
+        server.model.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(predicate) and predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,298 @@
+"""The judgement, exhaustively, with hand-made observations and time passed in as data."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from watchdog.judge import (
+    SERVER,
+    Judge,
+    ProbeFinished,
+    ProbeStarted,
+    StackEvidence,
+    State,
+    Thresholds,
+    worst,
+)
+from watchdog.page import EngineReading, PageReading
+from watchdog.scrape import Scrape
+
+TH = Thresholds(suspect_after=15, stall_window=40, probe_interval=30, probe_retry=5)
+
+
+def page(t: float, engines: dict[str, dict[str, float]] | None = None, **one: float) -> Scrape:
+    """A scrape at time t. ``one`` describes engine "0": running, waiting, kv, gen, prompt, success."""
+    engines = engines if engines is not None else {"0": one}
+    readings = {}
+    for name, e in engines.items():
+        counters = {k: v for k, v in (("generation_tokens", e.get("gen", 0.0)), ("prompt_tokens", e.get("prompt", 0.0)),
+                                      ("request_success", e.get("success", 0.0)))}
+        readings[name] = EngineReading(name, "m", e.get("running", 0.0), e.get("waiting", 0.0), e.get("kv", 0.0),
+                                       counters)
+    return Scrape(t, 1e9 + t, PageReading(readings, vllm_series=10 * len(readings)))
+
+
+def failed(t: float, kind: str, msg: str = "boom") -> Scrape:
+    return Scrape(t, 1e9 + t, None, kind, msg)
+
+
+def states(judge: Judge) -> dict[str, State]:
+    return {v.engine: v.state for v in judge.verdicts()}
+
+
+def ready_judge(t: float = 0.0, th: Thresholds = TH) -> Judge:
+    """A judge that has seen the engine serve (tokens moved) and go idle."""
+    j = Judge(th)
+    j.observe(page(t, gen=10, prompt=10))
+    j.observe(page(t + 1, gen=20, prompt=20))
+    assert states(j) == {"0": State.IDLE}
+    return j
+
+
+def test_first_sight_of_idle_engine_is_starting_until_a_probe_proves_it() -> None:
+    j = Judge(TH)
+    j.observe(page(0, gen=5))
+    assert states(j) == {"0": State.STARTING}
+    assert j.wants_probe(0)
+    j.observe(ProbeStarted(0.1, 1))
+    assert not j.wants_probe(0.2)  # at most one in flight
+    j.observe(ProbeFinished(0.5, 1, ok=True, answered=True))
+    j.observe(page(1, gen=6, prompt=5))
+    assert states(j) == {"0": State.IDLE}
+
+
+def test_steady_progress_is_working_never_frozen() -> None:
+    j = ready_judge()
+    for i in range(2, 300):
+        j.observe(page(i, running=4, gen=20 + 3 * i, kv=0.01))
+        assert states(j) == {"0": State.WORKING}
+
+
+def test_flat_counters_with_work_pending_go_suspect_then_frozen_at_the_window() -> None:
+    j = ready_judge()
+    j.observe(page(2, running=4, gen=30))  # work arrives, progress
+    seen = {}
+    for t in range(3, 60):
+        for tr in j.observe(page(t, running=4, gen=30)):
+            seen[tr.to_state] = t
+    assert seen[State.SUSPECT] == 2 + 15
+    assert seen[State.FROZEN] == 2 + 40
+    v = j.verdicts()[0]
+    assert v.state == State.FROZEN and "no progress for" in v.reason and "running=4" in v.reason
+
+
+def test_kv_usage_moving_keeps_a_long_prefill_working() -> None:
+    """Measured: a 17 s chunked prefill moves only kv_cache_usage_perc. Here: 15 minutes of it."""
+    j = ready_judge()
+    for t in range(2, 900):
+        j.observe(page(t, running=1, gen=20, prompt=20, kv=0.001 * t))
+        assert states(j)["0"] == State.WORKING
+    j.observe(page(900, running=0, gen=21, prompt=900_020, kv=0))
+    assert states(j) == {"0": State.IDLE}
+
+
+def test_idle_is_never_frozen_and_probes_at_the_interval() -> None:
+    j = ready_judge()
+    probes = 0
+    ids = itertools.count(1)
+    for t in range(2, 600):
+        if j.wants_probe(t):
+            pid = next(ids)
+            j.observe(ProbeStarted(t, pid))
+            j.observe(ProbeFinished(t + 0.3, pid, ok=True, answered=True))
+            probes += 1
+        j.observe(page(t + 0.5, gen=20 + probes, prompt=20 + probes))
+        assert states(j) == {"0": State.IDLE}
+    assert 18 <= probes <= 21  # every 30 s over ~600 s
+
+
+def test_invisible_wedge_is_found_by_the_stuck_probe() -> None:
+    """The first step after idle hangs: the page keeps running=0, waiting=0; only the probe shows it."""
+    j = ready_judge()
+    j.observe(ProbeStarted(40, 1))  # never answered
+    seen = {}
+    for t in range(40, 100):
+        for tr in j.observe(page(t + 0.5, gen=20, prompt=20)):
+            seen.setdefault(tr.to_state, t)
+    assert seen[State.SUSPECT] == 40 + 15
+    assert seen[State.FROZEN] == 40 + 40
+    assert "probe" in j.verdicts()[0].reason
+
+
+def test_probe_that_times_out_keeps_the_engine_pending_until_something_serves() -> None:
+    j = ready_judge()
+    j.observe(ProbeStarted(10, 1))
+    j.observe(ProbeFinished(70, 1, ok=False, answered=False, detail="no answer within 60s"))
+    j.observe(page(71, gen=20, prompt=20))
+    assert states(j) == {"0": State.FROZEN}  # the timed-out probe is evidence, not forgotten
+    assert j.wants_probe(76)  # keeps probing (retry gap) to see recovery
+    j.observe(ProbeStarted(76, 2))
+    j.observe(ProbeFinished(76.3, 2, ok=True, answered=True))
+    j.observe(page(77, gen=21, prompt=30))
+    assert states(j) == {"0": State.IDLE}
+
+
+def test_a_probe_refused_by_the_server_is_not_a_wedge() -> None:
+    j = Judge(TH)
+    j.observe(page(0))
+    j.observe(ProbeStarted(0, 1))
+    j.observe(ProbeFinished(0.2, 1, ok=False, answered=True, detail="HTTP 404 from /v1/completions: no model"))
+    j.observe(page(1))
+    v = j.verdicts()[0]
+    assert v.state == State.STARTING and "HTTP 404" in v.reason
+    assert not j.wants_probe(2) and j.wants_probe(5.1)  # retries at probe_retry while starting
+
+
+def test_probe_queued_behind_a_long_prefill_is_no_false_alarm() -> None:
+    j = ready_judge()
+    j.observe(ProbeStarted(2, 1))  # the probe waits behind a prefill for 200 s
+    for t in range(3, 200):
+        j.observe(page(t, running=1, waiting=1, gen=20, prompt=20, kv=0.0005 * t))
+        assert states(j)["0"] == State.WORKING
+
+
+def test_counter_reset_is_a_new_incarnation_not_progress_nor_freeze() -> None:
+    j = ready_judge()
+    j.observe(page(5, running=2, gen=500, prompt=20))
+    trs = j.observe(page(6, running=0, gen=3))
+    v = j.verdicts()[0]
+    assert v.state == State.STARTING and v.incarnation == 2 and "restarted" in v.reason
+    assert [t.to_state for t in trs] == [State.STARTING]
+
+
+def test_refused_is_down_then_no_answer_is_starting_then_a_probe_makes_it_idle() -> None:
+    j = ready_judge()
+    j.observe(failed(5, "refused", "nothing listening"))
+    assert states(j) == {"0": State.DOWN}
+    j.observe(failed(6, "no_answer", "accepted, no response"))
+    assert states(j) == {"0": State.STARTING}
+    j.observe(page(30, gen=0))
+    assert states(j) == {"0": State.STARTING}
+    j.observe(ProbeStarted(30, 1))
+    j.observe(ProbeFinished(30.2, 1, True, True))
+    j.observe(page(31, gen=1, prompt=5))
+    assert states(j) == {"0": State.IDLE}
+    assert j.verdicts()[0].incarnation == 2
+
+
+def test_no_answer_after_answering_is_down() -> None:
+    j = ready_judge()
+    j.observe(failed(5, "no_answer", "accepted, no response"))
+    assert states(j) == {"0": State.DOWN}
+    assert "stopped answering" in j.verdicts()[0].reason
+
+
+def test_before_any_page_failures_are_reported_for_the_server() -> None:
+    j = Judge(TH)
+    j.observe(failed(0, "refused"))
+    assert states(j) == {SERVER: State.DOWN}
+    j.observe(failed(1, "no_answer"))
+    assert states(j) == {SERVER: State.STARTING}
+    j.observe(page(2))
+    assert states(j) == {"0": State.STARTING}
+
+
+@pytest.mark.parametrize("kind", ["html", "too_big", "trickle", "truncated", "malformed", "duplicate", "redirects",
+                                  "http_status", "not_text"])
+def test_unreadable_pages_are_blind_never_healthy(kind: str) -> None:
+    j = ready_judge()
+    j.observe(failed(5, kind, "details"))
+    v = j.verdicts()[0]
+    assert v.state == State.BLIND and kind in v.reason
+
+
+def test_http_5xx_is_down_but_keeps_the_incarnation() -> None:
+    j = ready_judge()
+    j.observe(failed(5, "http_5xx", "HTTP 500"))
+    assert states(j) == {"0": State.DOWN}
+    j.observe(page(6, gen=20, prompt=20))
+    assert states(j) == {"0": State.IDLE}
+
+
+def test_page_without_engine_series_is_blind_and_says_why() -> None:
+    j = Judge(TH)
+    j.observe(Scrape(0, 0, PageReading({}, vllm_series=0)))
+    assert "not a vLLM server" in j.verdicts()[0].reason
+    j.observe(Scrape(1, 1, PageReading({}, vllm_series=3)))
+    v = j.verdicts()[0]
+    assert v.state == State.BLIND and "--disable-log-stats" in v.reason
+
+
+def test_missing_gauge_is_blind_for_that_engine() -> None:
+    j = Judge(TH)
+    j.observe(Scrape(0, 0, PageReading({"0": EngineReading("0", running=None, waiting=0.0,
+                                                           counters={"generation_tokens": 1.0})}, 5)))
+    v = j.verdicts()[0]
+    assert v.state == State.BLIND and "vllm:num_requests_running" in v.reason
+
+
+def test_blind_period_does_not_count_as_progress() -> None:
+    j = ready_judge()
+    j.observe(page(2, running=3, gen=30))
+    for t in range(3, 50):
+        j.observe(failed(t, "trickle"))
+    j.observe(page(50, running=3, gen=30))
+    assert states(j) == {"0": State.FROZEN}
+
+
+def test_data_parallel_engines_are_judged_separately() -> None:
+    j = Judge(TH)
+    j.observe(page(0, {"0": {"running": 2, "gen": 10}, "1": {"running": 2, "gen": 10}}))
+    for t in range(1, 45):
+        j.observe(page(t, {"0": {"running": 2, "gen": 10 + t}, "1": {"running": 2, "gen": 10}}))
+    assert states(j) == {"0": State.WORKING, "1": State.FROZEN}
+    assert worst(j.verdicts()).engine == "1"  # type: ignore[union-attr]
+
+
+def test_engine_vanishing_from_the_page_is_down() -> None:
+    j = Judge(TH)
+    j.observe(page(0, {"0": {"gen": 1}, "1": {"gen": 1}}))
+    j.observe(page(1, {"0": {"gen": 1}}))
+    assert states(j)["1"] == State.DOWN
+
+
+def test_stack_evidence_confirms_early_or_clears_a_suspicion() -> None:
+    j = ready_judge()
+    j.observe(page(2, running=1, gen=30))
+    for t in range(3, 20):
+        j.observe(page(t, running=1, gen=30))
+    assert states(j) == {"0": State.SUSPECT}
+    j.observe(StackEvidence(20, "0", stuck=False, reason="Worker_TP0 inside the model forward"))
+    assert states(j) == {"0": State.WORKING}
+    for t in range(21, 30):
+        j.observe(page(t, running=1, gen=30))
+    assert states(j) == {"0": State.WORKING}  # the clock restarted at the evidence
+    for t in range(30, 37):
+        j.observe(page(t, running=1, gen=30))
+    assert states(j) == {"0": State.SUSPECT}
+    j.observe(StackEvidence(37, "0", stuck=True, reason="every rank parked in the reader wait"))
+    assert states(j) == {"0": State.FROZEN}
+    j.observe(page(38, running=1, gen=30))
+    assert states(j) == {"0": State.FROZEN}  # stays confirmed while nothing moves
+    j.observe(page(39, running=1, gen=31))
+    assert states(j) == {"0": State.WORKING}  # and progress clears it
+
+
+def test_frozen_recovers_when_progress_resumes() -> None:
+    j = ready_judge()
+    for t in range(2, 50):
+        j.observe(page(t, running=2, gen=20))
+    assert states(j) == {"0": State.FROZEN}
+    trs = j.observe(page(50, running=2, gen=25))
+    assert [(t.from_state, t.to_state) for t in trs] == [(State.FROZEN, State.WORKING)]
+
+
+def test_transitions_only_on_state_change() -> None:
+    j = ready_judge()
+    assert j.observe(page(2, gen=20, prompt=20)) == []
+    assert j.observe(page(3, gen=20, prompt=20)) == []
+
+
+def test_stall_clock_starts_when_work_appears_not_at_last_progress() -> None:
+    """Idle for an hour, then a request: the hour of silence is not a stall."""
+    j = ready_judge()
+    j.observe(page(3600, gen=20, prompt=20))
+    j.observe(page(3601, running=1, gen=20, prompt=20))
+    assert states(j) == {"0": State.WORKING}
