@@ -40,7 +40,7 @@ class EngineModel:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def _send(self, code: int, body: str, ctype: str = "text/plain; version=0.0.4") -> None:

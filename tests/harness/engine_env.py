@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -55,8 +56,6 @@ def _run_setup(timeout: float) -> None:
 
 def _kill_session(proc: subprocess.Popen[bytes]) -> None:
     # The group id is proc.pid, which cannot be reused before proc is reaped by the wait below.
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import psutil
 
@@ -18,10 +18,8 @@ def frozen(proc: psutil.Process) -> Iterator[psutil.Process]:
     try:
         yield proc
     finally:
-        try:
+        with suppress(psutil.NoSuchProcess):  # killed meanwhile (e.g. vLLM shut down): nothing to continue
             proc.resume()
-        except psutil.NoSuchProcess:
-            pass  # killed meanwhile (e.g. vLLM shut down): nothing left to continue
 
 
 def kill(proc: psutil.Process, timeout: float = 10.0) -> None:

@@ -37,8 +37,8 @@ def training_text(seed: int, n_lines: int = 4000) -> list[str]:
 
 
 def build_tokenizer(vocab_size: int, seed: int, max_length: int):  # type: ignore[no-untyped-def]
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # type: ignore[import-not-found,unused-ignore]
+    from transformers import PreTrainedTokenizerFast  # type: ignore[import-not-found,unused-ignore]
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -77,8 +77,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch  # type: ignore[import-not-found,unused-ignore]
+    from transformers import LlamaConfig, LlamaForCausalLM  # type: ignore[import-not-found,unused-ignore]
 
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer(args.vocab, args.seed, args.max_positions)
@@ -104,8 +104,7 @@ def main() -> None:
     digits = tokenizer("0123456789", add_special_tokens=False)["input_ids"]
     assert len(digits) == 10, f"digits must be one token each, got {digits}"
     (args.out / "engine-watchdog-model.json").write_text(
-        json.dumps({"tokenizer_vocab": vocab, **{k: v for k, v in vars(args).items() if k != "out"}})
-        + "\n"
+        json.dumps({"tokenizer_vocab": vocab, **{k: v for k, v in vars(args).items() if k != "out"}}) + "\n"
     )
 
 

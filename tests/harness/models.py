@@ -97,6 +97,7 @@ def _make(spec: ModelSpec, out: Path, python: Path) -> None:
     try:
         done = subprocess.run(
             cmd,
+            check=False,
             env=env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -107,6 +108,4 @@ def _make(spec: ModelSpec, out: Path, python: Path) -> None:
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"making model {spec.name} took over {MAKE_TIMEOUT_S:.0f} s") from exc
     if done.returncode != 0:
-        raise RuntimeError(
-            f"making model {spec.name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}"
-        )
+        raise RuntimeError(f"making model {spec.name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")

@@ -7,12 +7,13 @@ some other process meanwhile: every signal it sends goes only to processes it st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -304,10 +305,8 @@ class VllmServer:
         members = self.session_processes()  # also records newcomers while the root is unreaped
         pgid = self._popen.pid
         if self._popen.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)  # the group id is the unreaped root's pid: ours alone
-            except ProcessLookupError:
-                pass
         for proc in members:  # members that left the group (or all of them, once the root is reaped)
             try:
                 if self._popen.returncode is None and os.getpgid(proc.pid) == pgid:
@@ -327,3 +326,7 @@ class VllmServer:
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else ("running" if self.is_alive() else "not running")
         return f"<VllmServer {self.name} {self.url} {state}>"
+
+
+# The type of the `vllm` fixture (tests/engine/conftest.py): vllm(model=None, *, ready_timeout, **opts).
+VllmFactory = Callable[..., VllmServer]

@@ -1,0 +1,139 @@
+"""Benchmarks against a real vLLM (CPU build, TP=2): the watcher's footprint, and detection latency.
+
+    .venv/bin/python bench/bench_engine.py [--minutes 5] [--freezes 5] [--out bench/results/engine.json]
+
+1. Footprint: `watchdog run` at 1 Hz with default settings against the engine under load, for N minutes:
+   its CPU share (utime+stime over wall time) and peak RSS (VmHWM), next to a reference in the same run: a
+   naive watcher that GETs /metrics at 1 Hz and parses it whole with prometheus_client.
+2. Detection: with default settings, Worker_TP1 is stopped under load, N times; the latency is from the stop
+   (the last moment progress was possible) to the `frozen` event. Median and max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.harness.engine_env import engine_python  # noqa: E402
+from tests.harness.faults import frozen  # noqa: E402
+from tests.harness.load import LoadGenerator  # noqa: E402
+from tests.harness.models import fast_model  # noqa: E402
+from tests.harness.server import VllmServer  # noqa: E402
+from tests.harness.watcher import WatchdogProcess, event_time  # noqa: E402
+
+NAIVE = """
+import sys, time, requests
+from prometheus_client.parser import text_string_to_metric_families
+url = sys.argv[1]
+while True:
+    t0 = time.monotonic()
+    try:
+        for fam in text_string_to_metric_families(requests.get(url + "/metrics", timeout=5).text):
+            pass
+    except Exception:
+        pass
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+"""
+
+
+def cpu_seconds(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def footprint(server: VllmServer, workdir: Path, minutes: float) -> dict[str, float]:
+    w = WatchdogProcess(server.url, workdir / "footprint", "[state]\ntrace_max_bytes = 67108864\n").start()
+    naive = subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        w.wait_for_state("idle", 60)
+        assert w._popen is not None
+        ours, ref = psutil.Process(w._popen.pid), psutil.Process(naive.pid)
+        with LoadGenerator(server.url, server.model_name, threads=4, duration=minutes * 60 + 30):
+            c0, r0, t0 = cpu_seconds(ours), cpu_seconds(ref), time.monotonic()
+            time.sleep(minutes * 60)
+            c1, r1, t1 = cpu_seconds(ours), cpu_seconds(ref), time.monotonic()
+        wall = t1 - t0
+        result = {
+            "seconds": round(wall, 1),
+            "watchdog_cpu_percent_of_a_core": round(100 * (c1 - c0) / wall, 3),
+            "naive_cpu_percent_of_a_core": round(100 * (r1 - r0) / wall, 3),
+            "watchdog_peak_rss_mb": round(peak_rss_mb(ours.pid), 1),
+            "naive_peak_rss_mb": round(peak_rss_mb(ref.pid), 1),
+            "frozen_events": w.states().count("frozen"),
+        }
+        result["cpu_ratio_watchdog_to_naive"] = round(
+            result["watchdog_cpu_percent_of_a_core"] / max(result["naive_cpu_percent_of_a_core"], 1e-9), 3)
+        return result
+    finally:
+        os.killpg(naive.pid, signal.SIGKILL)
+        naive.wait(10)
+        w.stop()
+
+
+def detection(server: VllmServer, workdir: Path, freezes: int) -> dict[str, object]:
+    w = WatchdogProcess(server.url, workdir / "detection", "").start()  # default thresholds
+    latencies: list[float] = []
+    try:
+        w.wait_for_state("idle", 60)
+        with LoadGenerator(server.url, server.model_name, threads=4, duration=freezes * 150, request_timeout=300):
+            for _ in range(freezes):
+                w.wait_for_state("working", 60, after=time.time() - 0.5)
+                time.sleep(5)
+                with frozen(server.process("VLLM::Worker_TP1")):
+                    stopped = time.time()
+                    event = w.wait_for_state("frozen", 120, after=stopped)
+                latencies.append(round(event_time(event) - stopped, 2))
+                print(f"  freeze {len(latencies)}: frozen after {latencies[-1]:.1f}s", flush=True)
+                w.wait_for_state("working", 120, after=event_time(event))
+    finally:
+        w.stop()
+    return {"freezes": len(latencies), "latencies_s": latencies, "median_s": statistics.median(latencies),
+            "max_s": max(latencies)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--freezes", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
+        workdir = Path(tmp)
+        server = VllmServer(engine_python(), fast_model(), workdir)
+        with server:
+            server.wait_ready(300)
+            print(f"vLLM ready after {server.ready_after:.1f}s; footprint for {args.minutes} min ...", flush=True)
+            results: dict[str, object] = {"footprint": footprint(server, workdir, args.minutes)}
+            print(json.dumps(results["footprint"], indent=2), flush=True)
+            print(f"detection over {args.freezes} freezes (default settings) ...", flush=True)
+            results["detection"] = detection(server, workdir, args.freezes)
+            print(json.dumps(results["detection"], indent=2), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""Liveness verdicts against a real vLLM (CPU build, TP=2, multiprocessing executor).
+
+Each test runs the real `watchdog run` command as a separate process and reads its events.jsonl.
+Thresholds are set per test (shorter than the defaults where the point is the shape, not the number);
+the default settings are measured in bench/bench_detection.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.harness.faults import frozen, kill
+from tests.harness.load import BackgroundRequest, LoadGenerator, long_prompt
+from tests.harness.server import VllmServer
+from tests.harness.watcher import WatchdogProcess, event_time
+
+pytestmark = pytest.mark.engine
+
+QUICK = """
+[scrape]
+interval = 0.5
+[judge]
+suspect_after = {suspect}
+stall_window = {window}
+[probe]
+interval = {probe}
+retry = 2.0
+timeout = 120.0
+[state]
+trace_max_bytes = 0
+"""
+
+Watch = Callable[..., WatchdogProcess]
+
+
+@pytest.fixture
+def watch(tmp_path: Path) -> Iterator[Watch]:
+    started: list[WatchdogProcess] = []
+
+    def start(url: str, suspect: float = 5.0, window: float = 15.0, probe: float = 10.0) -> WatchdogProcess:
+        w = WatchdogProcess(
+            url, tmp_path / f"watchdog-{len(started)}", QUICK.format(suspect=suspect, window=window, probe=probe)
+        )
+        started.append(w.start())
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def health(url: str) -> int:
+    return requests.get(f"{url}/health", timeout=5).status_code
+
+
+def page_value(server: VllmServer, name: str) -> float:
+    for line in server.metrics().splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not on the page")
+
+
+def test_steady_load_is_never_frozen(vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch) -> None:
+    server = vllm(fast_model)
+    w = watch(server.url)
+    w.wait_for_state("idle", 60)
+    with LoadGenerator(server.url, server.model_name, threads=4, duration=70) as load:
+        w.wait_for_state("working", 30)
+        time.sleep(65)
+    stats = load.stats
+    assert stats.successes > 20, stats
+    states = w.states()
+    assert "frozen" not in states and "suspect" not in states, w.events()
+
+
+def test_idle_engine_is_idle_and_probes_succeed(
+    vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch
+) -> None:
+    server = vllm(fast_model)
+    w = watch(server.url, probe=10.0)
+    w.wait_for_state("idle", 60)
+    before = page_value(server, "vllm:request_success_total")
+    time.sleep(62)
+    assert w.current() == "idle"
+    assert set(w.states()) <= {"starting", "idle"}, w.events()
+    # the probes are real generations: about one every 10 s, each finished as a successful request
+    assert page_value(server, "vllm:request_success_total") - before >= 4
+
+
+def test_long_prefill_longer_than_the_window_is_never_frozen(
+    vllm: Callable[..., VllmServer], slow_model: Path, watch: Watch
+) -> None:
+    """Chunked prefill: every counter flat for ~17 s, only KV usage moves. The window here is 8 s."""
+    server = vllm(slow_model, max_model_len=8192, max_num_batched_tokens=256)
+    w = watch(server.url, suspect=4.0, window=8.0, probe=60.0)
+    w.wait_for_state("idle", 60)
+    t0 = time.monotonic()
+    req = BackgroundRequest(server.url, server.model_name, long_prompt(5000), max_tokens=1, timeout=300)
+    result = req.result(timeout=300)
+    took = time.monotonic() - t0
+    assert result.ok, result
+    assert took > 8.0 * 1.5, f"the prefill took only {took:.1f}s: not longer than the window"
+    assert "working" in w.states()
+    assert "frozen" not in w.states() and "suspect" not in w.states(), w.events()
+
+
+def test_stopped_worker_under_load_is_frozen_within_the_window(
+    vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch
+) -> None:
+    server = vllm(fast_model)
+    w = watch(server.url, suspect=5.0, window=15.0)
+    w.wait_for_state("idle", 60)
+    with LoadGenerator(server.url, server.model_name, threads=4, duration=120, request_timeout=200):
+        w.wait_for_state("working", 30)
+        time.sleep(3)
+        with frozen(server.process("VLLM::Worker_TP1")):
+            stopped_at = time.time()
+            event = w.wait_for_state("frozen", 15 + 10, after=stopped_at)
+            assert health(server.url) == 200  # the point of the tool: /health still says all is well
+            assert page_value(server, "vllm:num_requests_running") > 0
+        detected = event_time(event) - stopped_at
+        assert detected <= 15 + 5, f"frozen after {detected:.1f}s"
+        w.wait_for_state("working", 60, after=event_time(event))  # and it recovers once continued
+
+
+def test_invisible_wedge_after_idle_is_found_by_the_probe(
+    vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch
+) -> None:
+    server = vllm(fast_model)
+    w = watch(server.url, suspect=5.0, window=15.0, probe=5.0)
+    w.wait_for_state("idle", 60)
+    with frozen(server.process("VLLM::Worker_TP1")):
+        stopped_at = time.time()
+        req = BackgroundRequest(server.url, server.model_name, "hello there", max_tokens=4, timeout=120)
+        event = w.wait_for_state("frozen", 5 + 15 + 15, after=stopped_at)
+        assert "probe" in event["reason"], event
+        assert page_value(server, "vllm:num_requests_running") == 0  # the page never showed the stuck request
+        assert page_value(server, "vllm:num_requests_waiting") == 0
+        assert not req.done()
+    assert req.result(timeout=120).ok
+    w.wait_for_state("idle", 60, after=event_time(event))
+
+
+def test_killed_worker_is_down_then_starting_then_idle_after_restart(
+    vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch
+) -> None:
+    server = vllm(fast_model)
+    w = watch(server.url)
+    w.wait_for_state("idle", 60)
+    killed_at = time.time()
+    kill(server.process("VLLM::Worker_TP1"))
+    down = w.wait_for_state("down", 60, after=killed_at)
+    server.stop()
+    again = vllm(fast_model, port=server.port, wait=False)
+    starting = w.wait_for_state("starting", 120, after=event_time(down))
+    again.wait_ready(300)
+    w.wait_for_state("idle", 60, after=event_time(starting))
+    assert "frozen" not in w.states()
+
+
+def test_startup_is_starting_never_frozen(vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch) -> None:
+    from tests.harness.server import free_port
+
+    port = free_port()
+    w = watch(f"http://127.0.0.1:{port}", suspect=3.0, window=6.0)
+    time.sleep(2)
+    server = vllm(fast_model, port=port, wait=False)
+    w.wait_for_state("starting", 120)
+    server.wait_ready(300)
+    w.wait_for_state("idle", 60)
+    states = w.states()
+    assert "frozen" not in states and "suspect" not in states, w.events()

@@ -1,0 +1,94 @@
+"""The README's demo: a real vLLM (CPU, TP=2), the watchdog with default settings, a frozen worker.
+
+    ./scripts/demo      (or: .venv/bin/python -m tests.harness.demo)
+
+Ends by itself and cleans up every process it started, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from tests.harness.engine_env import engine_python
+from tests.harness.faults import frozen
+from tests.harness.load import LoadGenerator
+from tests.harness.models import fast_model
+from tests.harness.server import VllmServer
+from tests.harness.watcher import WatchdogProcess, event_time
+
+T0 = time.monotonic()
+
+
+def say(text: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s] {text}", flush=True)
+
+
+def follow(w: WatchdogProcess, stop: threading.Event) -> None:
+    shown = 0
+    while not stop.is_set():
+        events = w.events()
+        for e in events[shown:]:
+            say(f"  watchdog: engine {e['engine']}: {e['from'] or '-'} -> {e['to'].upper()}: {e['reason']}")
+        shown = len(events)
+        time.sleep(0.2)
+
+
+def check(url: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "watchdog", "check", "--url", url, "--seconds", "3", "--json"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    out = json.loads(r.stdout)
+    for e in out["engines"]:
+        say(f"  `watchdog check` -> exit {r.returncode}: engine {e['engine']} {e['state']}: {e['reason']}")
+
+
+def main() -> int:
+    say("preparing the engine venv and a small random model (cached after the first run)")
+    python, model = engine_python(), fast_model()
+    with tempfile.TemporaryDirectory(prefix="watchdog-demo-") as tmp:
+        workdir = Path(tmp)
+        stop = threading.Event()
+        server = VllmServer(python, model, workdir)
+        watchdog = WatchdogProcess(server.url, workdir / "state", "")
+        try:
+            say(f"starting vLLM (CPU build, TP=2) on {server.url}")
+            server.start()
+            watchdog.start()
+            threading.Thread(target=follow, args=(watchdog, stop), daemon=True).start()
+            server.wait_ready(300)
+            say(f"vLLM served its first generation after {server.ready_after:.0f}s")
+            watchdog.wait_for_state("idle", 60)
+            with LoadGenerator(server.url, server.model_name, threads=4, duration=300, request_timeout=300):
+                watchdog.wait_for_state("working", 60)
+                time.sleep(10)
+                say("freezing VLLM::Worker_TP1 with SIGSTOP (a wedged rank)")
+                with frozen(server.process("VLLM::Worker_TP1")):
+                    stopped = time.time()
+                    health = requests.get(f"{server.url}/health", timeout=5).status_code
+                    say(f"  vLLM's /health says {health}: it does not notice")
+                    event = watchdog.wait_for_state("frozen", 120, after=stopped)
+                    say(f"FROZEN detected {event_time(event) - stopped:.1f}s after the worker stopped "
+                        "(default settings: suspect at 15s, frozen at 40s; vLLM itself would act at 300s)")
+                    check(server.url)
+                    say("continuing the worker (SIGCONT)")
+                watchdog.wait_for_state("working", 60, after=event_time(event))
+            watchdog.wait_for_state("idle", 120, after=event_time(event))
+            time.sleep(1)
+            say("done: stopping the watchdog and vLLM")
+        finally:
+            stop.set()
+            watchdog.stop()
+            server.stop()
+    say("every process the demo started has ended")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
