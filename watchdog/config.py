@@ -8,6 +8,7 @@ or a file that holds them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -120,6 +121,8 @@ class Config:
         """A copy with some keys replaced, validated like the file (used by command-line flags)."""
         raw: dict[str, Any] = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
         for name, values in sections.items():
+            if name not in raw:
+                raise ConfigError(f"unknown config section {name!r}")
             raw[name].update({k: v for k, v in values.items() if v is not None})
         return _build(raw, self.source)
 
@@ -190,6 +193,8 @@ def _typed(hint: Any, value: Any, where: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where}: expected a number, got {_tname(value)} {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):

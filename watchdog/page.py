@@ -40,9 +40,13 @@ COUNTERS: Mapping[str, str] = {
 # Counters that only move when a request emits output: their advance proves the engine serves.
 SERVING_COUNTERS = frozenset({"generation_tokens", "request_success"})
 
+# Old spellings count only when the current one is absent (vLLM 0.9/0.10 exposed both at once).
+LEGACY = frozenset({"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total"})
+_LEGACY_PREFIX = "legacy:"
+
 _WANTED: Mapping[str, tuple[str, str]] = {
-    **{name: ("gauge", field_) for name, field_ in GAUGES.items()},
-    **{name: ("counter", field_) for name, field_ in COUNTERS.items()},
+    **{name: ("gauge", (_LEGACY_PREFIX if name in LEGACY else "") + f) for name, f in GAUGES.items()},
+    **{name: ("counter", (_LEGACY_PREFIX if name in LEGACY else "") + f) for name, f in COUNTERS.items()},
 }
 
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -102,12 +106,14 @@ def _split_sample(line: str, line_no: int) -> tuple[str, str, float]:
             raise PageError("malformed", f"line {line_no}: unclosed label set: {line[:120]!r}")
         name, label_text, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
     else:
-        name, _, rest = line.partition(" ")
+        name, _, rest = line.replace("\t", " ").partition(" ")
         label_text = ""
     parts = rest.split()
     if not parts:
         raise PageError("malformed", f"line {line_no}: sample has no value: {line[:120]!r}")
     try:
+        if "_" in parts[0]:
+            raise ValueError(parts[0])  # Python's float() takes 1_0; the exposition format does not
         value = float(parts[0])
     except ValueError:
         raise PageError("malformed", f"line {line_no}: value {parts[0][:40]!r} is not a number") from None
@@ -132,7 +138,7 @@ def read_page(text: str) -> PageReading:
         if not line.startswith("vllm:"):
             continue
         vllm_series += 1
-        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=len(line))
+        name_end = min((i for i in (line.find("{"), line.find(" "), line.find("\t")) if i >= 0), default=len(line))
         wanted = _WANTED.get(line[:name_end])
         if wanted is None:
             continue
@@ -157,6 +163,10 @@ def read_page(text: str) -> PageReading:
     for engine, field_ in poisoned:
         gauges.get(engine, {}).pop(field_, None)
         counters.get(engine, {}).pop(field_, None)
+    for per_engine in (*gauges.values(), *counters.values()):
+        for key in [k for k in per_engine if k.startswith(_LEGACY_PREFIX)]:
+            value = per_engine.pop(key)
+            per_engine.setdefault(key[len(_LEGACY_PREFIX):], value)
     engines = {
         engine: EngineReading(
             engine=engine,

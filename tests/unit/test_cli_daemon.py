@@ -115,10 +115,10 @@ def test_run_writes_transitions_and_stops_cleanly_on_sigterm(tmp_path: Path, fas
         first = sock.recv(4096).decode()
         assert "READY=1" in first
         events = state / "events.jsonl"
-        wait_for(lambda: events.exists() and '"to": "idle"' in events.read_text(), 10, "idle")
+        wait_for(lambda: events.exists() and '"to": "idle"' in events.read_text(), 30, "idle")
         with model.lock:
             model.running = 3  # work pending, nothing moves
-        wait_for(lambda: '"to": "frozen"' in events.read_text(), 10, "frozen")
+        wait_for(lambda: '"to": "frozen"' in events.read_text(), 30, "frozen")
         pings = [sock.recv(4096).decode() for _ in range(3)]
         assert all("WATCHDOG=1" in m and "STATUS=" in m for m in pings)
         p.send_signal(signal.SIGTERM)

@@ -146,7 +146,7 @@ def test_suspect_after_equal_to_stall_window_is_allowed(tmp_path: Path) -> None:
     ("[scrape]\ndeadline = -1", "scrape.deadline"),
     ("[scrape]\nmax_bytes = 0", "scrape.max_bytes"),
     ("[judge]\nsuspect_after = 0", "judge.suspect_after"),
-    ("[judge]\nstall_window = nan", "judge.stall_window"),
+    ("[judge]\nstall_window = -1", "judge.stall_window"),
     ("[probe]\ntimeout = -5", "probe.timeout"),
 ])
 def test_values_that_must_be_positive(tmp_path: Path, toml: str, key: str) -> None:
@@ -261,3 +261,8 @@ def test_with_overrides_validates(overrides: dict[str, dict[str, object]], probl
         Config().with_overrides(**overrides)
     assert problem in str(err.value)
     assert str(err.value).startswith("<defaults>: ")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_rejected(tmp_path: Path, value: str) -> None:
+    assert "scrape.interval: expected a finite number" in load_error(tmp_path, f"[scrape]\ninterval = {value}\n")
