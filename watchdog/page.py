@@ -49,6 +49,11 @@ _WANTED: Mapping[str, tuple[str, str]] = {
     **{name: ("counter", (_LEGACY_PREFIX if name in LEGACY else "") + f) for name, f in COUNTERS.items()},
 }
 
+# A wanted series' line: its name at the start of a line, followed by labels or white space.
+_WANTED_LINE = re.compile(
+    "^(" + "|".join(re.escape(n) for n in sorted(_WANTED, key=len, reverse=True)) + r")(?=[{ \t])[^\n]*", re.M
+)
+
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 _UNESCAPE = re.compile(r'\\([\\n"])')  # the only escapes in the text format; any other backslash stays
 
@@ -83,7 +88,7 @@ class PageReading:
     dropped: tuple[str, ...] = ()  # values ignored because they were NaN or infinite
 
 
-def _parse_labels(text: str, line_no: int) -> dict[str, str]:
+def _parse_labels(text: str) -> dict[str, str]:
     labels: dict[str, str] = {}
     pos = 0
     while pos < len(text):
@@ -91,32 +96,32 @@ def _parse_labels(text: str, line_no: int) -> dict[str, str]:
         if m is None:
             if text[pos:].strip() == "":
                 break
-            raise PageError("malformed", f"line {line_no}: cannot read labels {{{text}}}")
+            raise PageError("malformed", f"cannot read labels {{{text}}}")
         labels[m.group(1)] = _UNESCAPE.sub(lambda e: "\n" if e.group(1) == "n" else e.group(1), m.group(2))
         pos = m.end()
     return labels
 
 
-def _split_sample(line: str, line_no: int) -> tuple[str, str, float]:
+def _split_sample(line: str) -> tuple[str, str, float]:
     """Split ``name{labels} value [timestamp]`` into name, raw label text and value."""
     brace = line.find("{")
     if brace >= 0:
         close = line.rfind("}")
         if close < brace:
-            raise PageError("malformed", f"line {line_no}: unclosed label set: {line[:120]!r}")
+            raise PageError("malformed", f"unclosed label set: {line[:120]!r}")
         name, label_text, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
     else:
         name, _, rest = line.replace("\t", " ").partition(" ")
         label_text = ""
     parts = rest.split()
     if not parts:
-        raise PageError("malformed", f"line {line_no}: sample has no value: {line[:120]!r}")
+        raise PageError("malformed", f"sample has no value: {line[:120]!r}")
     try:
         if "_" in parts[0]:
             raise ValueError(parts[0])  # Python's float() takes 1_0; the exposition format does not
         value = float(parts[0])
     except ValueError:
-        raise PageError("malformed", f"line {line_no}: value {parts[0][:40]!r} is not a number") from None
+        raise PageError("malformed", f"value {parts[0][:40]!r} is not a number") from None
     return name.strip(), label_text, value
 
 
@@ -133,19 +138,19 @@ def read_page(text: str) -> PageReading:
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     dropped: list[str] = []
     poisoned: set[tuple[str, str]] = set()  # (engine, counter) with a non-finite part: unusable
-    vllm_series = 0
-    for line_no, line in enumerate(text.split("\n"), 1):
-        if not line.startswith("vllm:"):
-            continue
-        vllm_series += 1
-        name_end = min((i for i in (line.find("{"), line.find(" "), line.find("\t")) if i >= 0), default=len(line))
-        wanted = _WANTED.get(line[:name_end])
-        if wanted is None:
-            continue
-        name, label_text, value = _split_sample(line, line_no)
-        labels = _parse_labels(label_text, line_no) if label_text else {}
+    # Only the wanted lines are visited: one C-level regex scan finds them; the rest of the page is skipped.
+    vllm_series = text.count("\nvllm:") + text.startswith("vllm:")
+    for m in _WANTED_LINE.finditer(text):
+        line = m.group(0)
+        wanted = _WANTED[m.group(1)]
+        try:
+            name, label_text, value = _split_sample(line)
+            labels = _parse_labels(label_text) if label_text else {}
+        except PageError as e:
+            raise PageError(e.kind, f"line {text.count(chr(10), 0, m.start()) + 1}: {e.message}") from None
         key = (name, tuple(sorted(labels.items())))
         if key in seen:
+            line_no = text.count("\n", 0, m.start()) + 1
             raise PageError("duplicate", f"line {line_no}: series {name}{{{label_text}}} appears twice")
         seen.add(key)
         engine = labels.get("engine", DEFAULT_ENGINE)
@@ -164,9 +169,8 @@ def read_page(text: str) -> PageReading:
         gauges.get(engine, {}).pop(field_, None)
         counters.get(engine, {}).pop(field_, None)
     for per_engine in (*gauges.values(), *counters.values()):
-        for key in [k for k in per_engine if k.startswith(_LEGACY_PREFIX)]:
-            value = per_engine.pop(key)
-            per_engine.setdefault(key[len(_LEGACY_PREFIX):], value)
+        for legacy in [k for k in per_engine if k.startswith(_LEGACY_PREFIX)]:
+            per_engine.setdefault(legacy[len(_LEGACY_PREFIX) :], per_engine.pop(legacy))
     engines = {
         engine: EngineReading(
             engine=engine,
