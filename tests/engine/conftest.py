@@ -2,8 +2,9 @@
 
     engine_python: Path                       the engine venv's python (installed once if missing)
     fast_model / slow_model: Path             tiny random-weight models, generated once per machine
-    vllm(model=None, *, ready_timeout=240.0, **opts) -> VllmServer
-                                              started and ready; `opts` go to VllmServer (e.g.
+    vllm(model=None, *, wait=True, ready_timeout=240.0, **opts) -> VllmServer
+                                              started, and ready unless wait=False (then call
+                                              server.wait_ready(timeout) yourself); `opts` go to VllmServer (e.g.
                                               max_num_batched_tokens=8192, max_model_len=8192,
                                               extra_args=[...], env={...}); model defaults to the fast one
 
@@ -49,7 +50,7 @@ def slow_model(engine_python: Path) -> Path:
 def vllm(request: pytest.FixtureRequest, engine_python: Path, tmp_path: Path) -> Iterator[VllmFactory]:
     servers: list[VllmServer] = []
 
-    def start(model: Path | None = None, *, ready_timeout: float = 240.0, **opts: Any) -> VllmServer:
+    def start(model: Path | None = None, *, wait: bool = True, ready_timeout: float = 240.0, **opts: Any) -> VllmServer:
         if any(s.is_alive() for s in servers):
             raise RuntimeError("one vLLM at a time (2 cores): stop() the previous server first")
         server = VllmServer(
@@ -61,7 +62,8 @@ def vllm(request: pytest.FixtureRequest, engine_python: Path, tmp_path: Path) ->
         )
         servers.append(server)  # before start(): teardown must stop it even if start or readiness fails
         server.start()
-        server.wait_ready(ready_timeout)
+        if wait:
+            server.wait_ready(ready_timeout)
         return server
 
     yield start

@@ -42,8 +42,13 @@ def follow(w: WatchdogProcess, stop: threading.Event) -> None:
 
 
 def check(url: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "watchdog", "check", "--url", url, "--seconds", "3", "--json"],
-                       capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "watchdog", "check", "--url", url, "--seconds", "3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     out = json.loads(r.stdout)
     for e in out["engines"]:
         say(f"  `watchdog check` -> exit {r.returncode}: engine {e['engine']} {e['state']}: {e['reason']}")
@@ -74,8 +79,10 @@ def main() -> int:
                     health = requests.get(f"{server.url}/health", timeout=5).status_code
                     say(f"  vLLM's /health says {health}: it does not notice")
                     event = watchdog.wait_for_state("frozen", 120, after=stopped)
-                    say(f"FROZEN detected {event_time(event) - stopped:.1f}s after the worker stopped "
-                        "(default settings: suspect at 15s, frozen at 40s; vLLM itself would act at 300s)")
+                    say(
+                        f"FROZEN detected {event_time(event) - stopped:.1f}s after the worker stopped "
+                        "(default settings: suspect at 15s, frozen at 40s; vLLM itself would act at 300s)"
+                    )
                     check(server.url)
                     say("continuing the worker (SIGCONT)")
                 watchdog.wait_for_state("working", 60, after=event_time(event))

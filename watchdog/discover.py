@@ -1,0 +1,128 @@
+"""Find an engine's processes in /proc (through psutil): the API server, EngineCore, every worker rank.
+
+vLLM titles its processes with setproctitle (``VLLM::EngineCore``, ``VLLM::Worker_TP1``, ...); ``comm`` is
+cut to 15 characters, so titles are read from the command line. The engine behind a URL is found from the
+process listening on its port and that process's descendants; when the listener is not visible (another
+network namespace, a container), every titled process on the host is taken, optionally filtered.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+_RANK = re.compile(r"_(DP|PP|TP|EP)(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProcess:
+    pid: int
+    role: str  # api_server | engine_core | worker | dp_coordinator | sglang_scheduler | ray_worker | process
+    title: str
+    ranks: dict[str, int] = field(default_factory=dict)
+    ppid: int | None = None
+
+    @property
+    def label(self) -> str:
+        """A short, unique-ish name for reports: the title when it has one."""
+        return self.title if self.title else f"{self.role}[{self.pid}]"
+
+
+def title_of(proc: psutil.Process) -> str:
+    try:
+        cmdline = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+    return " ".join(cmdline).strip()
+
+
+def parse_title(title: str, prefix: str = "VLLM::") -> tuple[str, dict[str, int]] | None:
+    """(role, ranks) for an engine process title, or None when the title is not an engine's."""
+    head = title.split(" ", 1)[0]
+    if head.startswith(prefix):
+        name = head[len(prefix):]
+        ranks = {k: int(v) for k, v in _RANK.findall(name)}
+        if name.startswith("EngineCore"):
+            return "engine_core", ranks
+        if name.startswith("Worker"):
+            return "worker", ranks
+        if name.startswith("APIServer"):
+            return "api_server", ranks
+        if name.startswith("DPCoordinator"):
+            return "dp_coordinator", ranks
+        return "process", ranks
+    if head.startswith("sglang::scheduler"):
+        return "sglang_scheduler", {k: int(v) for k, v in _RANK.findall(head)}
+    if head.startswith("ray::") and "Worker" in head:
+        return "ray_worker", {}
+    return None
+
+
+def listener_pid(url: str) -> int | None:
+    """The pid listening on the URL's TCP port on this host, if visible."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError) as e:
+        log.debug("cannot list sockets: %s", e)
+        return None
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return int(c.pid)
+    return None
+
+
+def _describe(proc: psutil.Process, prefix: str) -> EngineProcess | None:
+    title = title_of(proc)
+    parsed = parse_title(title, prefix)
+    if parsed is None:
+        return None
+    role, ranks = parsed
+    try:
+        ppid = proc.ppid()
+    except psutil.Error:
+        ppid = None
+    return EngineProcess(proc.pid, role, title.split(" ", 1)[0], ranks, ppid)
+
+
+def discover(url: str | None = None, prefix: str = "VLLM::", title_filter: str = "",
+             processes: Iterable[psutil.Process] | None = None) -> list[EngineProcess]:
+    """The engine processes behind ``url`` (its listener and descendants), else every titled one on the host."""
+    found: list[EngineProcess] = []
+    root_pid = listener_pid(url) if url else None
+    if root_pid is not None and processes is None:
+        try:
+            root = psutil.Process(root_pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        for proc in tree:
+            desc = _describe(proc, prefix)
+            if desc is None and proc.pid == root_pid:
+                desc = EngineProcess(proc.pid, "api_server", "", {}, None)
+            if desc is not None:
+                found.append(desc)
+        if any(p.role in ("engine_core", "worker", "sglang_scheduler") for p in found):
+            return _filtered(found, title_filter)
+        log.info("the listener on %s (pid %d) has no engine processes under it; scanning the host", url, root_pid)
+        found = []
+    for proc in processes if processes is not None else psutil.process_iter():
+        desc = _describe(proc, prefix)
+        if desc is not None:
+            found.append(desc)
+    return _filtered(found, title_filter)
+
+
+def _filtered(found: list[EngineProcess], title_filter: str) -> list[EngineProcess]:
+    if title_filter:
+        found = [p for p in found if title_filter in p.title or p.role == "api_server"]
+    order = {"api_server": 0, "dp_coordinator": 1, "engine_core": 2, "worker": 3}
+    return sorted(found, key=lambda p: (order.get(p.role, 4), sorted(p.ranks.items()), p.pid))
