@@ -164,6 +164,6 @@ class Capturer:
         problems = sorted({d.error for r in taken for d in r.values() if not d.ok})
         if not processes:
             problems.append("no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)")
-        options: dict[str, object] = {"native": self.native, "locals": self.with_locals, "rounds": rounds, "gap_seconds": gap,
-                   "pyspy": self.pyspy}
+        options: dict[str, object] = {"native": self.native, "locals": self.with_locals, "rounds": rounds,
+                                      "gap_seconds": gap, "pyspy": self.pyspy}
         return Capture(tuple(processes), tuple(taken), tuple(problems), options)

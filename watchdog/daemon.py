@@ -16,8 +16,18 @@ from types import FrameType
 from typing import IO, Protocol
 
 from watchdog.config import Config
+from watchdog.discover import server_for_port
 from watchdog.exporter import Exporter
-from watchdog.judge import Judge, Observation, ProbeFinished, ProbeStarted, State, Transition, Verdict
+from watchdog.judge import (
+    Judge,
+    Observation,
+    ProbeFinished,
+    ProbeStarted,
+    ServerProcess,
+    State,
+    Transition,
+    Verdict,
+)
 from watchdog.probe import Prober
 from watchdog.scrape import MetricsFetcher, Scrape, base_url
 from watchdog.sdnotify import Notifier
@@ -30,6 +40,10 @@ _LOUD = {State.FROZEN, State.DOWN, State.BLIND, State.SUSPECT}
 
 class Fetcher(Protocol):
     def scrape(self) -> Scrape: ...
+
+
+class ServerFinder(Protocol):
+    def __call__(self) -> ServerProcess: ...
 
 
 class ProbeSender(Protocol):
@@ -52,10 +66,12 @@ class Watcher:
         judge: Judge,
         prober: ProbeSender | None = None,
         sinks: list[ObservationSink] | None = None,
+        find_server: ServerFinder | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.fetcher, self.judge, self.prober = fetcher, judge, prober
+        self.find_server = find_server
         self.sinks = sinks or []
         self.clock, self.wall = clock, wall
         self.last_scrape: Scrape | None = None
@@ -66,6 +82,8 @@ class Watcher:
             out += self._feed(done)
         scrape = self.fetcher.scrape()
         self.last_scrape = scrape
+        if self.find_server is not None and scrape.error_kind in ("refused", "unreachable"):
+            out += self._feed(self.find_server())  # the port is closed: is a server for it booting?
         out += self._feed(scrape)
         if self.prober is not None and self.judge.wants_probe(self.clock()):
             out += self._feed(self.prober.start())
@@ -84,7 +102,15 @@ class Watcher:
 def build_watcher(cfg: Config, sinks: list[ObservationSink] | None = None) -> Watcher:
     fetcher = MetricsFetcher(cfg.engine.url, cfg.scrape.limits())
     prober = Prober(cfg.engine.url, cfg.probe.timeout, cfg.probe.model, cfg.api_key()) if cfg.probe.enabled else None
-    return Watcher(fetcher, Judge(cfg.thresholds()), prober, sinks)
+    clock = time.monotonic
+
+    def find_server() -> ServerProcess:
+        tree = server_for_port(cfg.engine.url)
+        if tree is None:
+            return ServerProcess(clock(), None)
+        return ServerProcess(clock(), tree.pid, tree.started, tree.titles)
+
+    return Watcher(fetcher, Judge(cfg.thresholds()), prober, sinks, find_server, clock=clock)
 
 
 def iso(wall: float) -> str:

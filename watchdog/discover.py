@@ -126,3 +126,45 @@ def _filtered(found: list[EngineProcess], title_filter: str) -> list[EngineProce
         found = [p for p in found if title_filter in p.title or p.role == "api_server"]
     order = {"api_server": 0, "dp_coordinator": 1, "engine_core": 2, "worker": 3}
     return sorted(found, key=lambda p: (order.get(p.role, 4), sorted(p.ranks.items()), p.pid))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTree:
+    """A vLLM server process for a port (found by its command line) and the titles of its descendants."""
+
+    pid: int
+    started: float  # wall clock, seconds since the epoch
+    titles: tuple[str, ...]
+
+
+def _serves_port(cmdline: list[str], port: int) -> bool:
+    joined = " ".join(cmdline)
+    if "vllm" not in joined.lower():
+        return False
+    for i, arg in enumerate(cmdline):
+        if arg == "--port" and i + 1 < len(cmdline):
+            return cmdline[i + 1] == str(port)
+        if arg.startswith("--port="):
+            return arg.split("=", 1)[1] == str(port)
+    return port == 8000  # vLLM's default port
+
+
+def server_for_port(url: str, processes: Iterable[psutil.Process] | None = None) -> ServerTree | None:
+    """The vLLM server that will listen on the URL's port, even before it binds it (it loads weights first).
+
+    Found by command line (``vllm serve``/``api_server`` with ``--port``), so it works while the port is closed.
+    """
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    for proc in processes if processes is not None else psutil.process_iter():
+        try:
+            cmdline = proc.cmdline()
+            if not cmdline or cmdline[0].startswith("VLLM::") or not _serves_port(cmdline, port):
+                continue
+            started = proc.create_time()
+            titles = tuple(sorted({t.split(" ", 1)[0] for t in map(title_of, proc.children(recursive=True))
+                                   if t.startswith("VLLM::")}))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        return ServerTree(proc.pid, started, titles)
+    return None

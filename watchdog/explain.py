@@ -76,7 +76,6 @@ class HypothesisVerdict:
     spec_frames: tuple[Frame, ...] = ()
 
 
-# ------------------------------------------------------------------------------------------ frame rules
 
 _BUSY = (Cls.IN_COLLECTIVE, Cls.MODEL_FORWARD, Cls.DEVICE_WAIT, Cls.COMPILE)
 _IDLE = (Cls.IDLE_READER_WAIT, Cls.ENGINE_IDLE)
@@ -126,6 +125,10 @@ def _base(f: Frame) -> str:
     return name.rsplit(".", 1)[-1]
 
 
+def _spec_key(f: Frame) -> str:  # the last directory, file name and function: "spec_decode/eagle.py propose"
+    return f"{'/'.join(f.file.split('/')[-2:])} {f.function}".lower()
+
+
 def _noise(f: Frame) -> bool:  # raw addresses and libc/pthread plumbing in native dumps
     return f.native and (f.function.startswith("0x") or "libc." in f.file or "pthread" in f.file)
 
@@ -156,9 +159,8 @@ def _kind(f: Frame) -> Cls | str | None:
         return Cls.IN_COLLECTIVE
     if base == "synchronize" and any(p in path for p in ("torch/cuda/", "torch_npu/", "torch/xpu/", "cupy")):
         return Cls.DEVICE_WAIT
-    if ("vllm/compilation/" in path and "compile" in base) or (
-        any(p in path for p in _COMPILE_PARTS) and not any(p in path for p in _COMPILE_NOT)
-    ):
+    vllm_compile = "vllm/compilation/" in path and "compile" in base  # not its runtime __call__ wrappers
+    if vllm_compile or (any(p in path for p in _COMPILE_PARTS) and not any(p in path for p in _COMPILE_NOT)):
         return Cls.COMPILE
     if base in {"_process_input_queue", "run_engine_loop"}:
         return "input"
@@ -188,7 +190,7 @@ def _decide(frames: tuple[Frame, ...], role: str | None) -> _Decision | None:
                 return Cls.ENGINE_WAITING_WORKERS, i, ctx, cut
             return Cls.IDLE_READER_WAIT, i, ctx, cut if owner else " (caller frames cut: taken as a worker's reader)"
         if kind == "input":
-            if all(not g.native and any(p in g.file for p in _WAIT_FILES) for g in frames[:i]):
+            if all(g.native or any(p in g.file for p in _WAIT_FILES) for g in frames[:i]):  # only waits inside
                 return Cls.ENGINE_IDLE, i, None, ""
         elif kind == "defer":
             return None, i, None, "waits for its own forward thread"
@@ -211,14 +213,12 @@ def _chain(frames: tuple[Frame, ...], at: int, ctx: int | None, whole: bool = Fa
     return frames[start : min(end, start + 8, len(frames))]
 
 
-# ------------------------------------------------------------------------------------------ processes
 
 
 def _helper(t: ThreadStack) -> bool:
-    return t.name != "MainThread" and bool(
-        _HELPER.search(t.name) or any(_HELPER.fullmatch(_base(f)) or "tqdm/_monitor" in f.file for f in t.frames)
-        or any("lmcache/" in f.file for f in t.frames)
-    )
+    named = t.name != "MainThread" and _HELPER.search(t.name)
+    return t.name != "MainThread" and bool(named or any(
+        _HELPER.fullmatch(_base(f)) or "tqdm/_monitor" in f.file or "lmcache/" in f.file for f in t.frames))
 
 
 def _main(ps: ProcessStack) -> ThreadStack | None:
@@ -260,7 +260,7 @@ def classify(ps: ProcessStack, role: str | None = None, proc_state: str | None =
             or next((r for t in ordered for f in t.frames if (r := _frame_role(f))), None))
     name = token or (f"{role or 'process'}[{ps.pid}]" if ps.pid is not None else role or "process")
     working = [t for t in ordered if t is main or not _helper(t)]
-    spec = tuple(dict.fromkeys(f for t in working for f in t.frames if _SPEC.search(f"{f.file} {f.function}".lower())))
+    spec = tuple(dict.fromkeys(f for t in working for f in t.frames if _SPEC.search(_spec_key(f))))
 
     def done(cls: Cls, t: ThreadStack | None, frames: tuple[Frame, ...], why: str) -> ProcessExplanation:
         why += f" Speculative-decoding frames present: {_where(spec)}." if spec else ""
@@ -290,7 +290,6 @@ def classify(ps: ProcessStack, role: str | None = None, proc_state: str | None =
     return done(cls, t, frames, f"{name} ({_label(t)}{via}) {_WHY[cls]}{startup}{note}: {_where(frames)}.")
 
 
-# ------------------------------------------------------------------------------------------ across ranks
 
 
 def _names(expls: list[ProcessExplanation]) -> str:

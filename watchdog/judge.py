@@ -72,7 +72,17 @@ class StackEvidence:
     reason: str
 
 
-Observation = Scrape | ProbeStarted | ProbeFinished | StackEvidence
+@dataclass(frozen=True, slots=True)
+class ServerProcess:
+    """What the process table said while the port was closed: a server process for it, and since when."""
+
+    t: float
+    pid: int | None  # None: no server process for the port
+    started_wall: float = 0.0
+    titles: tuple[str, ...] = ()
+
+
+Observation = Scrape | ProbeStarted | ProbeFinished | StackEvidence | ServerProcess
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +147,8 @@ class Judge:
     probe: _Probe = field(default_factory=_Probe)
     server_answered: bool = False
     last_scrape_ok: bool = False
+    last_answer_wall: float = 0.0
+    server_process: ServerProcess | None = None
 
     # -- public API ------------------------------------------------------------------------------------
 
@@ -148,6 +160,9 @@ class Judge:
             return []
         if isinstance(obs, ProbeFinished):
             return self._on_probe_finished(obs)
+        if isinstance(obs, ServerProcess):
+            self.server_process = obs
+            return []
         return self._on_evidence(obs)
 
     def verdicts(self) -> list[Verdict]:
@@ -176,6 +191,7 @@ class Judge:
         if s.page is None:
             return self._on_failed_scrape(s)
         self.server_answered = True
+        self.last_answer_wall = s.wall
         self.tracks.pop(SERVER, None)
         engines = s.page.engines
         if not engines:
@@ -201,12 +217,27 @@ class Judge:
                 self.server_answered = False
                 for tr in self.tracks.values():
                     tr.forget_incarnation()
+                booting = self._booting_server(s)
+                if booting:
+                    return self._set_all(s.t, State.STARTING, f"{s.error}; {booting}")
             return self._set_all(s.t, State.DOWN, s.error)
         if s.error_kind == NO_ANSWER and not self.server_answered:
             return self._set_all(s.t, State.STARTING, f"{s.error}: still loading?")
         if s.error_kind == NO_ANSWER:
             return self._set_all(s.t, State.DOWN, f"the API server stopped answering: {s.error}")
         return self._set_all(s.t, State.BLIND, f"cannot read the page ({s.error_kind}): {s.error}")
+
+    def _booting_server(self, s: Scrape) -> str:
+        """Why a closed port means starting: a server process for it, newer than the last answer, was just seen.
+
+        vLLM binds its port only once the engine is up, so while it loads weights the port refuses.
+        A process older than the last answer is the old server on its way out: that is down.
+        """
+        p = self.server_process
+        if p is None or p.pid is None or s.t - p.t > 5.0 or p.started_wall <= self.last_answer_wall:
+            return ""
+        what = ", ".join(p.titles) if p.titles else "no engine process yet"
+        return f"but vLLM server pid {p.pid} is running ({what}): starting up"
 
     def _judge_engine(self, tr: _Track, r: EngineReading, s: Scrape) -> list[Transition]:
         t, th = s.t, self.thresholds

@@ -56,6 +56,10 @@ class ProcessStack:
 # ---------------------------------------------------------------------------------------------- JSON
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _json_frame(raw: object) -> Frame:
     if not isinstance(raw, dict):
         raise StackParseError(f"frame is {type(raw).__name__}, not an object")
@@ -64,7 +68,7 @@ def _json_frame(raw: object) -> Frame:
     line = raw.get("line")
     if not isinstance(name, str) or not isinstance(path, str):
         raise StackParseError("frame without a string 'name' and 'filename'")
-    number = line if isinstance(line, int) and not isinstance(line, bool) and line > 0 else None
+    number = line if (line := _int(line)) and line > 0 else None
     # py-spy sets 'module' (the shared object) only on native frames; Python frames carry null.
     return Frame(name, path, number, native=isinstance(raw.get("module"), str))
 
@@ -99,9 +103,8 @@ def parse_pyspy_json(data: object, pid: int | None = None, title: str = "") -> P
         raise StackParseError(f"py-spy JSON is a list of threads, got {type(data).__name__}")
     threads = tuple(_json_thread(t) for t in data)
     if pid is None:
-        pids = {t.get("pid") for t in data if isinstance(t, dict)}
-        only = pids.pop() if len(pids) == 1 else None
-        pid = only if isinstance(only, int) and not isinstance(only, bool) else None
+        pids = {_int(t.get("pid")) if isinstance(t, dict) else None for t in data}
+        pid = pids.pop() if len(pids) == 1 else None
     return ProcessStack(pid=pid, title=title, threads=threads, source="py-spy-json")
 
 
@@ -287,8 +290,8 @@ def parse_any(data: str | bytes) -> list[ProcessStack]:
         if decoded is not None:
             if not isinstance(decoded, list):
                 raise StackParseError("JSON input is not a py-spy thread list")
-            groups: dict[object, list[object]] = {}
+            groups: dict[int | None, list[object]] = {}
             for thread in decoded:
-                groups.setdefault(thread.get("pid") if isinstance(thread, dict) else None, []).append(thread)
+                groups.setdefault(_int(thread.get("pid")) if isinstance(thread, dict) else None, []).append(thread)
             return [parse_pyspy_json(threads) for threads in groups.values()]
     return parse_text(data)

@@ -12,7 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from watchdog.judge import Judge, Observation, ProbeFinished, ProbeStarted, StackEvidence, Thresholds, Transition
+from watchdog.judge import (
+    Judge,
+    Observation,
+    ProbeFinished,
+    ProbeStarted,
+    ServerProcess,
+    StackEvidence,
+    Thresholds,
+    Transition,
+)
 from watchdog.page import EngineReading, PageReading
 from watchdog.scrape import Scrape
 
@@ -41,6 +50,9 @@ def to_record(obs: Observation, wall: float | None = None) -> dict[str, Any]:
     if isinstance(obs, ProbeFinished):
         return {"kind": "probe_finished", "t": obs.t, "wall": wall, "id": obs.probe_id, "ok": obs.ok,
                 "answered": obs.answered, "detail": obs.detail}
+    if isinstance(obs, ServerProcess):
+        return {"kind": "server_process", "t": obs.t, "wall": wall, "pid": obs.pid, "started": obs.started_wall,
+                "titles": list(obs.titles)}
     return {"kind": "evidence", "t": obs.t, "wall": wall, "engine": obs.engine, "stuck": obs.stuck,
             "reason": obs.reason}
 
@@ -62,6 +74,8 @@ def from_record(rec: dict[str, Any]) -> Observation:
         return ProbeStarted(t, int(rec["id"]))
     if kind == "probe_finished":
         return ProbeFinished(t, int(rec["id"]), bool(rec["ok"]), bool(rec["answered"]), rec.get("detail", ""))
+    if kind == "server_process":
+        return ServerProcess(t, rec.get("pid"), float(rec.get("started") or 0), tuple(rec.get("titles", ())))
     if kind == "evidence":
         return StackEvidence(t, rec["engine"], bool(rec["stuck"]), rec.get("reason", ""))
     raise KeyError(f"unknown observation kind {kind!r}")

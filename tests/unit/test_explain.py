@@ -414,3 +414,17 @@ def test_empty_inputs_are_handled() -> None:
     assert poll_parking([], None, None).status is Status.INCONCLUSIVE
     e = classify(ProcessStack(None, "", (), "py-spy-text"), proc_state="T")
     assert (e.cls, e.frames, e.thread) == (Cls.STOPPED, (), "no thread")
+
+
+def test_native_frames_inside_a_wait_keep_the_class() -> None:
+    native_idle = ENGINE_IDLE.replace('"MainThread"\n', '"MainThread"\n    0x7f1 (libc.so.6)\n'
+                                      "    pthread_cond_timedwait (libc.so.6)\n"
+                                      "    PyThread_acquire_lock_timed (python3.12)\n")
+    e = engine(native_idle)
+    assert e.cls is Cls.ENGINE_IDLE
+    assert names(e)[-2:] == ["EngineCoreProc._process_input_queue", "EngineCoreProc.run_busy_loop"]
+    # a queue.get under _process_input_queue that is busy handling a message is not idle
+    busy = ENGINE_IDLE.replace("    Condition.wait (threading.py:355)\n    Queue.get (queue.py:171)\n",
+                               "    EngineCore.add_request (vllm/v1/engine/core.py:250)\n")
+    assert busy != ENGINE_IDLE
+    assert engine(busy).cls is Cls.UNKNOWN

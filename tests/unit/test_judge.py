@@ -296,3 +296,30 @@ def test_stall_clock_starts_when_work_appears_not_at_last_progress() -> None:
     j.observe(page(3600, gen=20, prompt=20))
     j.observe(page(3601, running=1, gen=20, prompt=20))
     assert states(j) == {"0": State.WORKING}
+
+
+def test_closed_port_with_a_new_server_process_is_starting_an_old_one_dying_is_down() -> None:
+    """vLLM binds its port only after loading: while it loads, the port refuses but its process runs."""
+    from watchdog.judge import ServerProcess
+
+    j = Judge(TH)
+    j.observe(ServerProcess(0, 4242, started_wall=1e9 - 30, titles=("VLLM::EngineCore",)))
+    j.observe(failed(0, "refused", "nothing listening"))
+    v = j.verdicts()[0]
+    assert v.state == State.STARTING and "pid 4242" in v.reason and "VLLM::EngineCore" in v.reason
+    j.observe(page(30, gen=0))  # answers (wall 1e9 + 30)
+    # the server dies: the port closes while its old processes are still on their way out
+    j.observe(ServerProcess(40, 4242, started_wall=1e9 - 30, titles=("VLLM::EngineCore",)))
+    j.observe(failed(40, "refused"))
+    assert states(j) == {"0": State.DOWN}
+    j.observe(ServerProcess(45, None))
+    j.observe(failed(45, "refused"))
+    assert states(j) == {"0": State.DOWN}
+    # a new server process for the port, started after the last answer: starting
+    j.observe(ServerProcess(60, 5151, started_wall=1e9 + 55))
+    j.observe(failed(60, "refused"))
+    v = j.verdicts()[0]
+    assert v.state == State.STARTING and "no engine process yet" in v.reason
+    # a stale sighting (older than a few seconds) does not count
+    j.observe(failed(70, "refused"))
+    assert states(j) == {"0": State.DOWN}
