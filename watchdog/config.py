@@ -79,6 +79,29 @@ class ProbeSection:
 
 
 @dataclass(frozen=True, slots=True)
+class CaptureSection:
+    enabled: bool = True  # take stacks on suspicion and on a freeze
+    pyspy: str = ""  # empty: the one beside the watchdog's python, else PATH
+    timeout: float = 10.0  # per py-spy dump
+    rounds: int = 2
+    gap: float = 3.0  # seconds between the rounds
+    native: bool = False
+    locals: bool = False  # off: locals hold prompts and secrets
+    process_prefix: str = "VLLM::"  # vLLM's VLLM_PROCESS_NAME_PREFIX
+    title_filter: str = ""  # only processes whose title contains this (several engines on a host)
+    log_file: str = ""  # the engine's log: a file, or
+    journal_unit: str = ""  # a systemd unit (journalctl -u), or
+    docker_container: str = ""  # a container (docker logs)
+    log_lines: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentsSection:
+    max_count: int = 50
+    max_bytes: int = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class ExporterSection:
     listen: str = "127.0.0.1"
     port: int = 9830  # 0 turns the exporter off
@@ -96,6 +119,8 @@ class Config:
     scrape: ScrapeSection = field(default_factory=ScrapeSection)
     judge: JudgeSection = field(default_factory=JudgeSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
+    capture: CaptureSection = field(default_factory=CaptureSection)
+    incidents: IncidentsSection = field(default_factory=IncidentsSection)
     exporter: ExporterSection = field(default_factory=ExporterSection)
     state: StateSection = field(default_factory=StateSection)
     source: str = "<defaults>"
@@ -132,6 +157,8 @@ _SECTIONS: dict[str, type] = {
     "scrape": ScrapeSection,
     "judge": JudgeSection,
     "probe": ProbeSection,
+    "capture": CaptureSection,
+    "incidents": IncidentsSection,
     "exporter": ExporterSection,
     "state": StateSection,
 }
@@ -229,6 +256,14 @@ def _validate(cfg: Config) -> None:
                           f"judge.stall_window ({cfg.judge.stall_window:g})")
     for key in ("interval", "retry", "timeout"):
         positive(f"probe.{key}", getattr(cfg.probe, key))
+    positive("capture.timeout", cfg.capture.timeout)
+    positive("capture.rounds", cfg.capture.rounds)
+    if cfg.capture.gap < 0:
+        raise ConfigError(f"{src}: capture.gap must be 0 or more")
+    positive("incidents.max_count", cfg.incidents.max_count)
+    positive("incidents.max_bytes", cfg.incidents.max_bytes)
+    if sum(bool(x) for x in (cfg.capture.log_file, cfg.capture.journal_unit, cfg.capture.docker_container)) > 1:
+        raise ConfigError(f"{src}: capture: give one of log_file, journal_unit, docker_container")
     if not 0 <= cfg.exporter.port <= 65535:
         raise ConfigError(f"{src}: exporter.port must be 0..65535, got {cfg.exporter.port}")
     if cfg.state.trace_max_bytes < 0:

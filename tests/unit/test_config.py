@@ -95,7 +95,7 @@ def test_invalid_toml(tmp_path: Path) -> None:
 def test_unknown_section(tmp_path: Path) -> None:
     message = load_error(tmp_path, "[engin]\nurl = \"http://127.0.0.1:8000\"\n")
     assert "unknown key 'engin'" in message
-    assert "known sections: engine, scrape, judge, probe, exporter, state" in message
+    assert "known sections: engine, scrape, judge, probe, capture, incidents, exporter, state" in message
 
 
 def test_top_level_key_is_an_unknown_section(tmp_path: Path) -> None:

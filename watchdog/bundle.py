@@ -1,0 +1,192 @@
+"""Incident bundles: one directory per incident, with a versioned manifest, a 30-second summary and the raw captures.
+
+A bundle is built in ``incidents/.partial-<id>/`` and renamed into place only when every file is written and
+synced, so a crash mid-write never leaves a bundle that looks complete. Directories are mode 0700 (stacks can
+hold paths and names worth keeping private). Retention keeps at most ``max_count`` bundles and ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from watchdog.capture import Capture
+from watchdog.context import Context
+from watchdog.evidence import Findings, ProcessFinding
+from watchdog.stacks import Frame
+
+MANIFEST_VERSION = 1
+PARTIAL = ".partial-"
+
+
+class BundleError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    id: str
+    engine: str
+    state: str  # the verdict that triggered it (frozen, or "manual" for `watchdog dump`)
+    reason: str
+    url: str
+    created: float  # wall time
+
+
+def new_id(engine: str, state: str, wall: float) -> str:
+    stamp = datetime.fromtimestamp(wall, UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-engine{engine}-{state}-{secrets.token_hex(2)}"
+
+
+def _frames(frames: tuple[Frame, ...]) -> list[dict[str, Any]]:
+    return [{"function": f.function, "file": f.file, "line": f.line, "native": f.native} for f in frames]
+
+
+def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
+    p, e = f.process, f.explanation
+    dumps = [r[p.pid] for r in capture.rounds if p.pid in r]
+    return {
+        "pid": p.pid, "role": p.role, "title": p.title, "ranks": p.ranks, "state": f.state,
+        "class": e.cls.value if e else None, "thread": e.thread if e else None, "why": e.why if e else f.error,
+        "frames": _frames(e.frames) if e else [], "spec_decode": e.spec_decode if e else False,
+        "moved": f.moved, "cpu_seconds_between_captures": f.cpu_seconds,
+        "wchan": dumps[0].facts.wchan if dumps and dumps[0].facts else None,
+        "threads": dumps[0].facts.threads if dumps and dumps[0].facts else None,
+        "nonblocking": any(d.nonblocking for d in dumps), "error": f.error or None,
+    }
+
+
+def manifest(inc: Incident, capture: Capture, findings: Findings, context: Context, files: list[str]) -> dict[str, Any]:
+    return {
+        "version": MANIFEST_VERSION,
+        "id": inc.id, "created": datetime.fromtimestamp(inc.created, UTC).isoformat(), "engine": inc.engine,
+        "state": inc.state, "reason": inc.reason, "url": inc.url,
+        "capture_complete": findings.complete,
+        "decision": findings.decision.value, "decision_reason": findings.reason,
+        "culprit": findings.cross_rank.culprit, "cross_rank": findings.cross_rank.reason,
+        "cross_rank_frames": _frames(findings.cross_rank.frames),
+        "poll_parking": {"status": findings.hypothesis.status.value, "reason": findings.hypothesis.reason,
+                         "frames": _frames(findings.hypothesis.frames),
+                         "spec_decode_frames": _frames(findings.hypothesis.spec_frames)},
+        "processes": [_process_record(f, capture) for f in findings.processes],
+        "problems": sorted({*findings.problems, *context.problems}),
+        "ring_buffer_warnings_in_log": context.ring_warnings, "log_source": context.log_source,
+        "versions": context.versions, "capture_options": capture.options, "files": files,
+    }
+
+
+def summary(m: dict[str, Any]) -> str:
+    lines = [
+        f"# Incident {m['id']}",
+        "",
+        f"**engine {m['engine']}: {m['state'].upper()}** at {m['created']} on {m['url']}",
+        f"- why: {m['reason']}",
+        f"- stacks say: **{m['decision']}**: {m['decision_reason']}",
+        f"- culprit: **{m['culprit'] or 'none named'}**: {m['cross_rank']}",
+        f"- poll-parking hypothesis: **{m['poll_parking']['status']}**: {m['poll_parking']['reason']}",
+        f"- capture complete: {'yes' if m['capture_complete'] else 'NO'}"
+        + (f"; shared-memory ring warnings in the log: {m['ring_buffer_warnings_in_log']}" if m["log_source"] else ""),
+        "",
+        "| process | pid | state | class | moved | CPU s | deciding frames |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in m["processes"]:
+        frames = " < ".join(f"{f['function']} ({f['file'].rsplit('/', 1)[-1]})" for f in p["frames"][:3])
+        lines.append(f"| {p['title'] or p['role']} | {p['pid']} | {p['state']} | {p['class'] or 'no stack'} | "
+                     f"{'-' if p['moved'] is None else ('yes' if p['moved'] else 'no')} | "
+                     f"{'-' if p['cpu_seconds_between_captures'] is None else p['cpu_seconds_between_captures']} | "
+                     f"{frames or p['why']} |")
+    if m["problems"]:
+        lines += ["", "## Capture problems", *[f"- {p}" for p in m["problems"]]]
+    lines += ["", "Raw py-spy dumps are in `dumps/`; the metrics page in `metrics.txt`; see runbooks/frozen.md.", ""]
+    return "\n".join(lines)
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_bundle(root: Path, inc: Incident, capture: Capture, findings: Findings, context: Context) -> Path:
+    """Write the bundle atomically; returns its final directory."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    partial = root / f"{PARTIAL}{inc.id}"
+    final = root / inc.id
+    try:
+        partial.mkdir(mode=0o700)
+        (partial / "dumps").mkdir(mode=0o700)
+        files: list[str] = []
+        for i, rnd in enumerate(capture.rounds, 1):
+            for pid, dump in rnd.items():
+                title = next((p.title for p in capture.processes if p.pid == pid), "") or "process"
+                name = f"dumps/round{i}-{pid}-{title.replace('::', '-').replace('/', '_')}.json"
+                _write(partial / name, dump.output if dump.ok else json.dumps({"error": dump.error}))
+                files.append(name)
+        for name, text in (("metrics.txt", context.metrics_page), ("log-tail.txt", context.log_tail),
+                           ("gpu.csv", context.gpu)):
+            if text:
+                _write(partial / name, text)
+                files.append(name)
+        m = manifest(inc, capture, findings, context, files)
+        _write(partial / "summary.md", summary(m))
+        _write(partial / "manifest.json", json.dumps(m, indent=2) + "\n")
+        os.rename(partial, final)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise BundleError(f"cannot write incident bundle under {root}: {e.strerror or e}") from None
+    return final
+
+
+def list_bundles(root: Path) -> list[dict[str, Any]]:
+    """Complete bundles, oldest first. Partial ones (a crash mid-write) are never listed."""
+    out = []
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        if d.name.startswith(PARTIAL) or not (d / "manifest.json").is_file():
+            continue
+        try:
+            m = json.loads((d / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+        m["path"] = str(d)
+        out.append(m)
+    return out
+
+
+def _size(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+
+
+def prune(root: Path, max_count: int, max_bytes: int, partial_age: float = 3600.0) -> list[str]:
+    """Delete the oldest bundles beyond the limits, and partial ones older than ``partial_age``."""
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for d in root.iterdir():
+        if d.name.startswith(PARTIAL) and time.time() - d.stat().st_mtime > partial_age:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d.name)
+    bundles = [Path(m["path"]) for m in list_bundles(root)]
+    sizes = {d: _size(d) for d in bundles}
+    total = sum(sizes.values())
+    while bundles and (len(bundles) > max_count or total > max_bytes):
+        oldest = bundles.pop(0)
+        total -= sizes[oldest]
+        shutil.rmtree(oldest, ignore_errors=True)
+        removed.append(oldest.name)
+    return removed

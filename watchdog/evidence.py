@@ -1,0 +1,133 @@
+"""From a capture to findings: each process explained, whether it moved, who is to blame, and what the
+judgement should do with the suspicion (confirm it, clear it, or leave it to the metric window).
+
+Pure: it reads a Capture (two rounds of py-spy JSON with /proc facts) and returns data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+
+from watchdog.capture import Capture, Dump
+from watchdog.discover import EngineProcess
+from watchdog.explain import (
+    Cls,
+    CrossRankVerdict,
+    HypothesisVerdict,
+    ProcessExplanation,
+    classify,
+    cross_rank,
+    poll_parking,
+)
+from watchdog.stacks import Frame, ProcessStack, StackParseError, parse_pyspy_json
+
+_ROLE = {"engine_core": "engine", "worker": "worker", "api_server": "api_server", "dp_coordinator": "dp_coordinator",
+         "sglang_scheduler": "scheduler", "ray_worker": "worker"}
+_WORKING = {Cls.MODEL_FORWARD, Cls.COMPILE}  # a rank doing real work: the silence is a long step
+_ENGINE_ROLES = {"engine_core", "worker", "sglang_scheduler", "ray_worker"}
+
+
+class Decision(StrEnum):
+    STUCK = "stuck"  # confirm the suspicion: frozen now
+    WORKING = "working"  # clear it: a long step
+    UNDECIDED = "undecided"  # leave it to the metric-only stall window
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFinding:
+    process: EngineProcess
+    explanation: ProcessExplanation | None  # None when no dump could be read
+    moved: bool | None  # deciding frames differ between the two captures (None: not two good captures)
+    cpu_seconds: float | None  # CPU used between the captures
+    state: str  # /proc state at the first capture
+    error: str  # why there is no explanation
+
+
+@dataclass(frozen=True, slots=True)
+class Findings:
+    processes: tuple[ProcessFinding, ...]
+    cross_rank: CrossRankVerdict
+    hypothesis: HypothesisVerdict
+    decision: Decision
+    reason: str
+    complete: bool
+    problems: tuple[str, ...]
+
+
+def _stack(dump: Dump, proc: EngineProcess) -> ProcessStack | None:
+    if not dump.ok:
+        return None
+    try:
+        return parse_pyspy_json(json.loads(dump.output), pid=proc.pid, title=proc.title)
+    except (ValueError, StackParseError):
+        return None
+
+
+def _frames_key(frames: tuple[Frame, ...]) -> tuple[tuple[str, str, int | None], ...]:
+    return tuple((f.function, f.file, f.line) for f in frames)
+
+
+def _thread_frames(ps: ProcessStack, label: str) -> tuple[Frame, ...]:
+    """The frames of the thread an explanation names (by name, or "thread <id>" for unnamed ones)."""
+    for t in ps.threads:
+        if label in (t.name, f"thread {t.thread_id}"):
+            return t.frames
+    return ()
+
+
+def assess(capture: Capture, work_pending: bool | None) -> Findings:
+    found: list[ProcessFinding] = []
+    for proc in capture.processes:
+        dumps = [r[proc.pid] for r in capture.rounds if proc.pid in r]
+        first = dumps[0] if dumps else None
+        stacks = [_stack(d, proc) for d in dumps]
+        state = first.facts.state if first and first.facts else "?"
+        if not stacks or stacks[0] is None:
+            error = first.error if first and first.error else "the dump could not be read"
+            found.append(ProcessFinding(proc, None, None, None, state, error))
+            continue
+        expl = classify(stacks[0], _ROLE.get(proc.role), state)
+        moved: bool | None = None
+        cpu: float | None = None
+        if len(stacks) >= 2 and stacks[-1] is not None:
+            moved = _frames_key(_thread_frames(stacks[0], expl.thread)) != _frames_key(
+                _thread_frames(stacks[-1], expl.thread))
+            last = dumps[-1].facts
+            if first and first.facts and last:
+                cpu = round(last.cpu_seconds - first.facts.cpu_seconds, 3)
+        found.append(ProcessFinding(proc, expl, moved, cpu, state, ""))
+    expls = [f.explanation for f in found if f.explanation is not None]
+    moved_by_name = {f.explanation.name: bool(f.moved) for f in found if f.explanation is not None}
+    engine_procs = [f for f in found if f.process.role in _ENGINE_ROLES]
+    two_rounds = len(capture.rounds) >= 2
+    any_moved = any(f.moved for f in engine_procs) if two_rounds else None
+    cross = cross_rank(expls, moved_by_name if two_rounds else None)
+    hypothesis = poll_parking([e for e in expls if e.role in ("engine", "worker")], work_pending, any_moved)
+    complete = bool(engine_procs) and all(f.explanation is not None for f in engine_procs)
+    decision, reason = _decide(engine_procs, complete, two_rounds, cross)
+    return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems)
+
+
+def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
+            cross: CrossRankVerdict) -> tuple[Decision, str]:
+    """Stacks confirm a freeze only when every engine process was read and nothing moved between captures."""
+    working = [f for f in procs if f.explanation is not None and f.explanation.cls in _WORKING]
+    if working:
+        e = working[0].explanation
+        assert e is not None
+        return Decision.WORKING, f"{e.name} is {e.cls.value}: a long step, not a freeze"
+    movers = [f for f in procs if f.moved and f.explanation is not None and f.explanation.cls != Cls.STOPPED]
+    if movers:
+        names = ", ".join(f.explanation.name for f in movers if f.explanation)
+        return Decision.WORKING, f"stacks moved between captures ({names})"
+    if not procs:
+        return Decision.UNDECIDED, "no engine process found to take stacks of"
+    if not complete:
+        missing = ", ".join(f"{f.process.label}: {f.error}" for f in procs if f.explanation is None)
+        return Decision.UNDECIDED, f"incomplete capture ({missing})"
+    if not two_rounds:
+        return Decision.UNDECIDED, "a single capture cannot tell parked from passing through"
+    culprit = f"; culprit: {cross.culprit}" if cross.culprit else ""
+    return Decision.STUCK, f"every rank parked and nothing moved between captures{culprit}"
