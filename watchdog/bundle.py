@@ -153,7 +153,7 @@ def write_bundle(root: Path, inc: Incident, capture: Capture, findings: Findings
 
 def list_bundles(root: Path) -> list[dict[str, Any]]:
     """Complete bundles, oldest first. Partial ones (a crash mid-write) are never listed."""
-    out = []
+    out: list[dict[str, Any]] = []
     if not root.is_dir():
         return out
     for d in sorted(root.iterdir()):

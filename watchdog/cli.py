@@ -1,4 +1,4 @@
-"""The `watchdog` command: check, run, record, replay."""
+"""The `watchdog` command: check, run, record, replay; dump, explain, incidents, show, report."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from watchdog import __version__
+from watchdog import __version__, triage
 from watchdog.config import Config, ConfigError, load
 from watchdog.daemon import Daemon, build_watcher, iso
 from watchdog.judge import State, Verdict, worst
@@ -157,6 +157,36 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--seconds", type=float, required=True)
     rec.add_argument("--out", required=True, help="trace file to write (JSON lines)")
     rec.set_defaults(func=cmd_record)
+
+    d = sub.add_parser("dump", help="capture every engine process's stacks now, write a bundle, print the triage")
+    common(d)
+    d.add_argument("--out", help="directory for the bundle (default STATE_DIR/incidents)")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--native", action="store_true", help="py-spy --native (C/C++ frames too)")
+    d.set_defaults(func=lambda a: triage.cmd_dump(_config(a), a))
+
+    ex = sub.add_parser("explain", help="classify stack dumps taken by hand (py-spy text/JSON, --native, faulthandler)")
+    ex.add_argument("files", nargs="+")
+    ex.add_argument("--json", action="store_true")
+    ex.set_defaults(func=triage.cmd_explain)
+
+    inc = sub.add_parser("incidents", help="list incident bundles")
+    common(inc, url=False)
+    inc.add_argument("--state-dir")
+    inc.add_argument("--json", action="store_true")
+    inc.set_defaults(func=lambda a: triage.cmd_incidents(_config(a), a))
+
+    sh = sub.add_parser("show", help="print one incident's summary")
+    sh.add_argument("id")
+    common(sh, url=False)
+    sh.add_argument("--state-dir")
+    sh.set_defaults(func=lambda a: triage.cmd_show(_config(a), a))
+
+    rep = sub.add_parser("report", help="tally verdicts across all incident bundles")
+    common(rep, url=False)
+    rep.add_argument("--state-dir")
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(func=lambda a: triage.cmd_report(_config(a), a))
 
     rp = sub.add_parser("replay", help="run the judgement over a recorded trace; print transitions as JSON lines")
     rp.add_argument("trace")
