@@ -17,13 +17,16 @@ from typing import IO, Protocol
 
 from watchdog.config import Config
 from watchdog.discover import server_for_port
+from watchdog.evidence import Decision
 from watchdog.exporter import Exporter
+from watchdog.investigate import EvidenceJob, EvidenceRunner, Investigator
 from watchdog.judge import (
     Judge,
     Observation,
     ProbeFinished,
     ProbeStarted,
     ServerProcess,
+    StackEvidence,
     State,
     Transition,
     Verdict,
@@ -79,20 +82,20 @@ class Watcher:
     def tick(self) -> list[Transition]:
         out: list[Transition] = []
         if self.prober is not None and (done := self.prober.poll()) is not None:
-            out += self._feed(done)
+            out += self.feed(done)
         scrape = self.fetcher.scrape()
         self.last_scrape = scrape
         if self.find_server is not None and scrape.error_kind in ("refused", "unreachable"):
-            out += self._feed(self.find_server())  # the port is closed: is a server for it booting?
-        out += self._feed(scrape)
+            out += self.feed(self.find_server())  # the port is closed: is a server for it booting?
+        out += self.feed(scrape)
         if self.prober is not None and self.judge.wants_probe(self.clock()):
-            out += self._feed(self.prober.start())
+            out += self.feed(self.prober.start())
         return out
 
     def wall_of(self, t: float) -> float:
         return self.wall() - (self.clock() - t)
 
-    def _feed(self, obs: Observation) -> list[Transition]:
+    def feed(self, obs: Observation) -> list[Transition]:
         wall = obs.wall if isinstance(obs, Scrape) else self.wall_of(obs.t)
         for sink in self.sinks:
             sink(obs, wall)
@@ -155,6 +158,9 @@ class Daemon:
         self._trace: TraceWriter | None = None
         self._wake_r, self._wake_w = -1, -1
         self._stop_signal: int | None = None
+        self.evidence: EvidenceRunner | None = None
+        self._checking: set[str] = set()  # engines whose stacks are being checked on suspicion
+        self._bundled: set[str] = set()  # engines whose current freeze already has (or awaits) a bundle
 
     def run(self, once: bool = False) -> int:
         self._open_state()
@@ -164,6 +170,8 @@ class Daemon:
         if self._trace is not None:
             sinks.append(self._trace.write)
         watcher = build_watcher(self.cfg, sinks)
+        if self.cfg.capture.enabled and not once:
+            self.evidence = EvidenceRunner(Investigator(self.cfg))
         self._install_signals()
         log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s",
                  watcher.fetcher.url if isinstance(watcher.fetcher, MetricsFetcher) else self.cfg.engine.url,
@@ -174,6 +182,7 @@ class Daemon:
             while self._stop_signal is None:
                 started = time.monotonic()
                 self._report(watcher, watcher.tick())
+                self._collect_evidence(watcher)
                 if not ready:
                     self.notifier.ready(status_line(watcher.judge.verdicts()))
                     ready = True
@@ -187,6 +196,8 @@ class Daemon:
                 self._sleep(started + self.cfg.scrape.interval - time.monotonic())
         finally:
             self.notifier.stopping()
+            if self.evidence is not None:
+                self.evidence.stop()
             self._restore_signals()
             self._close_state()
         if self._stop_signal is not None:
@@ -206,9 +217,54 @@ class Daemon:
         self.exporter.set_verdicts(watcher.judge.verdicts(), watcher.clock())
         for tr in transitions:
             log_transition(self.cfg, tr)
-            if self._events is not None:
-                self._events.write(json.dumps(transition_record(self.cfg, tr, watcher.wall_of(tr.t))) + "\n")
-                self._events.flush()
+            self._event(transition_record(self.cfg, tr, watcher.wall_of(tr.t)))
+            self._ask_for_evidence(watcher, tr)
+
+    def _event(self, record: dict[str, object]) -> None:
+        if self._events is not None:
+            self._events.write(json.dumps(record) + "\n")
+            self._events.flush()
+
+    # -- evidence: stacks confirm or clear a suspicion; a freeze gets one bundle ---------------------------
+
+    def _ask_for_evidence(self, watcher: Watcher, tr: Transition) -> None:
+        if tr.to_state not in (State.SUSPECT, State.FROZEN):
+            self._checking.discard(tr.engine)
+            self._bundled.discard(tr.engine)
+            return
+        if self.evidence is None:
+            return
+        now = watcher.clock()
+        if tr.to_state == State.SUSPECT and tr.engine not in self._checking:
+            self._checking.add(tr.engine)
+            self.evidence.request(EvidenceJob(tr.engine, tr.to_state.value, tr.reason, False, now))
+        elif tr.to_state == State.FROZEN and tr.engine not in self._bundled:
+            self._bundled.add(tr.engine)
+            # the capture that confirmed (or was taken during) this suspicion is this freeze's evidence
+            self.evidence.request(EvidenceJob(tr.engine, tr.to_state.value, tr.reason, True,
+                                              now - self.cfg.judge.stall_window))
+
+    def _collect_evidence(self, watcher: Watcher) -> None:
+        if self.evidence is None:
+            return
+        for done in self.evidence.poll():
+            engine, f = done.job.engine, done.evidence.findings if done.evidence else None
+            base: dict[str, object] = {"time": iso(time.time()), "stack": self.cfg.engine.name, "engine": engine}
+            if f is None:
+                self._checking.discard(engine)
+                self._event({**base, "event": "evidence_failed", "error": done.error})
+                continue
+            summary = {"decision": f.decision.value, "reason": f.reason, "culprit": f.cross_rank.culprit,
+                       "poll_parking": f.hypothesis.status.value, "complete": f.complete}
+            if not done.job.bundle:
+                self._checking.discard(engine)
+                self._event({**base, "event": "evidence_checked", **summary})
+                if f.decision != Decision.UNDECIDED:
+                    obs = StackEvidence(done.started, engine, f.decision == Decision.STUCK, f.reason)
+                    self._report(watcher, watcher.feed(obs))
+            else:
+                self._event({**base, "event": "evidence_captured", "bundle": str(done.bundle) if done.bundle else None,
+                             "error": done.error or None, **summary})
 
     def _open_state(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)

@@ -110,10 +110,9 @@ def discover(url: str | None = None, prefix: str = "VLLM::", title_filter: str =
                 desc = EngineProcess(proc.pid, "api_server", "", {}, None)
             if desc is not None:
                 found.append(desc)
-        if any(p.role in ("engine_core", "worker", "sglang_scheduler") for p in found):
-            return _filtered(found, title_filter)
-        log.info("the listener on %s (pid %d) has no engine processes under it; scanning the host", url, root_pid)
-        found = []
+        if not any(p.role in ("engine_core", "worker", "sglang_scheduler") for p in found):
+            log.info("the listener on %s (pid %d) has no engine processes under it", url, root_pid)
+        return _filtered(found, title_filter)
     for proc in processes if processes is not None else psutil.process_iter():
         desc = _describe(proc, prefix)
         if desc is not None:

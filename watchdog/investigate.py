@@ -6,12 +6,14 @@ Used by `watchdog dump` (on demand) and by the daemon (on suspicion and on a fre
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from watchdog.bundle import Incident, new_id, prune, write_bundle
+from watchdog.bundle import BundleError, Incident, new_id, prune, write_bundle
 from watchdog.capture import Capture, Capturer, find_pyspy
 from watchdog.config import Config
 from watchdog.context import LogSource, fetch_metrics_page, gather
@@ -65,3 +67,75 @@ class Investigator:
         if removed:
             log.info("incident retention removed %s", ", ".join(removed))
         return path
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceJob:
+    engine: str
+    state: str
+    reason: str
+    bundle: bool  # write an incident bundle (a freeze), or only check the stacks (a suspicion)
+    reuse_after: float  # a capture of this engine started after this (monotonic) may serve instead of a new one
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceDone:
+    job: EvidenceJob
+    started: float  # monotonic, when the capture that serves this job began
+    evidence: Evidence | None
+    bundle: Path | None
+    error: str = ""
+
+
+class EvidenceRunner:
+    """Runs investigations one at a time in a background thread, so the watcher keeps scraping meanwhile."""
+
+    def __init__(self, investigator: Investigator, clock: Callable[[], float] = time.monotonic) -> None:
+        self.investigator = investigator
+        self.clock = clock
+        self._jobs: queue.Queue[EvidenceJob | None] = queue.Queue()
+        self._done: queue.Queue[EvidenceDone] = queue.Queue()
+        self._latest: dict[str, tuple[float, Evidence]] = {}
+        self._thread = threading.Thread(target=self._work, name="evidence", daemon=True)
+        self._thread.start()
+
+    def request(self, job: EvidenceJob) -> None:
+        self._jobs.put(job)
+
+    def poll(self) -> list[EvidenceDone]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._done.put(self._run(job))
+            except Exception as e:  # the evidence stage must never take the watcher down
+                log.exception("evidence capture failed")
+                self._done.put(EvidenceDone(job, self.clock(), None, None, f"{type(e).__name__}: {e}"))
+
+    def _run(self, job: EvidenceJob) -> EvidenceDone:
+        latest = self._latest.get(job.engine)
+        if latest is not None and latest[0] >= job.reuse_after:
+            started, evidence = latest
+        else:
+            started = self.clock()
+            evidence = self.investigator.investigate(work_pending=True)
+            self._latest[job.engine] = (started, evidence)
+        if not job.bundle:
+            return EvidenceDone(job, started, evidence, None)
+        try:
+            path = self.investigator.write(job.engine, job.state, job.reason, evidence)
+        except BundleError as e:
+            log.error("%s", e)
+            return EvidenceDone(job, started, evidence, None, str(e))
+        log.warning("incident bundle written: %s", path)
+        return EvidenceDone(job, started, evidence, path)

@@ -13,6 +13,7 @@ from watchdog.bundle import BundleError, list_bundles
 from watchdog.config import Config
 from watchdog.explain import ProcessExplanation, classify, cross_rank, poll_parking
 from watchdog.investigate import Investigator
+from watchdog.scrape import MetricsFetcher
 from watchdog.stacks import Frame, StackParseError, parse_any
 
 EXIT_COMPLETE, EXIT_INCOMPLETE, EXIT_NOTHING = 0, 1, 2
@@ -23,10 +24,18 @@ def _frames_text(frames: tuple[Frame, ...] | list[dict[str, Any]], n: int = 4) -
     return " < ".join(f"{fn} ({file.rsplit('/', 1)[-1]})" for fn, file in parts) or "-"
 
 
+def work_pending(cfg: Config) -> bool | None:
+    """Whether the page shows work pending right now (None: the page cannot be read)."""
+    scrape = MetricsFetcher(cfg.engine.url, cfg.scrape.limits()).scrape()
+    if scrape.page is None or not scrape.page.engines:
+        return None
+    return any((e.running or 0) > 0 or (e.waiting or 0) > 0 for e in scrape.page.engines.values())
+
+
 def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     cfg = cfg.with_overrides(capture={"native": True if args.native else None})
     inv = Investigator(cfg)
-    evidence = inv.investigate(work_pending=None)
+    evidence = inv.investigate(work_pending=work_pending(cfg))
     out = Path(args.out) if args.out else inv.incidents_dir
     try:
         path = inv.write("all", "manual", "watchdog dump on demand", evidence, out)

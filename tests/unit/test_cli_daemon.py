@@ -29,6 +29,8 @@ retry = 0.5
 timeout = 3.0
 [exporter]
 port = 0
+[capture]
+enabled = false
 """
 
 

@@ -1,0 +1,185 @@
+"""Evidence against a real vLLM (CPU build, TP=2): stacks of every rank, explained; bundles from the daemon."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.faults import frozen
+from tests.harness.load import BackgroundRequest, LoadGenerator, long_prompt
+from tests.harness.server import VllmServer
+from tests.harness.watcher import WatchdogProcess, event_time
+
+pytestmark = pytest.mark.engine
+
+
+def dump(url: str, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    r = subprocess.run([sys.executable, "-m", "watchdog", "dump", "--url", url, "--out", str(out), "--json", *extra],
+                       capture_output=True, text=True, timeout=120, check=False, start_new_session=True)
+    assert r.stdout.strip(), r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def by_title(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["title"]: p for p in manifest["processes"] if p["title"]}
+
+
+def functions(proc: dict[str, Any]) -> list[str]:
+    return [f["function"].rsplit(".", 1)[-1] for f in proc["frames"]]
+
+
+def test_idle_engine(vllm: Callable[..., VllmServer], fast_model: Path, tmp_path: Path) -> None:
+    server = vllm(fast_model)
+    code, m = dump(server.url, tmp_path / "incidents")
+    assert code == 0, m
+    procs = by_title(m)
+    assert procs["VLLM::Worker_TP0"]["class"] == "idle_reader_wait"
+    assert procs["VLLM::Worker_TP1"]["class"] == "idle_reader_wait"
+    assert procs["VLLM::EngineCore"]["class"] == "engine_idle"
+    assert "worker_busy_loop" in functions(procs["VLLM::Worker_TP1"]) or "dequeue" in functions(
+        procs["VLLM::Worker_TP1"])
+    assert m["culprit"] is None
+    assert m["poll_parking"]["status"] == "NOT_APPLICABLE"
+    bundle = Path(m["bundle"])
+    assert (bundle / "summary.md").exists() and (bundle / "metrics.txt").exists()
+    assert oct(bundle.stat().st_mode & 0o777) == "0o700"
+    assert m["versions"].get("vllm", "").startswith("0.32")
+
+
+def test_stopped_worker_under_load(vllm: Callable[..., VllmServer], fast_model: Path, tmp_path: Path) -> None:
+    server = vllm(fast_model)
+    with LoadGenerator(server.url, server.model_name, threads=4, duration=120, request_timeout=200):
+        time.sleep(5)
+        with frozen(server.process("VLLM::Worker_TP1")):
+            time.sleep(2)
+            code, m = dump(server.url, tmp_path / "incidents")
+    assert code == 0, m
+    procs = by_title(m)
+    tp1, tp0, core = procs["VLLM::Worker_TP1"], procs["VLLM::Worker_TP0"], procs["VLLM::EngineCore"]
+    assert tp1["state"] == "T" and tp1["class"] == "stopped" and tp1["nonblocking"]  # captured, not skipped
+    assert tp1["frames"], "the stopped process's stack was read with --nonblocking"
+    assert tp0["class"] == "in_collective", tp0
+    assert any("all_reduce" in f for f in functions(tp0))
+    assert core["class"] == "engine_waiting_workers", core
+    assert m["culprit"] == "Worker_TP1"
+    assert m["poll_parking"]["status"] == "CONTRADICTED"
+    assert m["decision"] == "stuck"
+
+
+def test_stopped_engine_core_under_load(vllm: Callable[..., VllmServer], fast_model: Path, tmp_path: Path) -> None:
+    server = vllm(fast_model)
+    with LoadGenerator(server.url, server.model_name, threads=4, duration=120, request_timeout=200):
+        time.sleep(5)
+        with frozen(server.process("VLLM::EngineCore")):
+            time.sleep(3)  # workers finish the step and park in the reader
+            code, m = dump(server.url, tmp_path / "incidents")
+    assert code == 0, m
+    procs = by_title(m)
+    assert procs["VLLM::EngineCore"]["class"] == "stopped"
+    assert procs["VLLM::Worker_TP0"]["class"] == "idle_reader_wait"
+    assert procs["VLLM::Worker_TP1"]["class"] == "idle_reader_wait"
+    assert m["culprit"] == "EngineCore"
+
+
+DAEMON = """
+[scrape]
+interval = 0.5
+[judge]
+suspect_after = {suspect}
+stall_window = {window}
+[probe]
+interval = {probe}
+retry = 2.0
+timeout = 120.0
+[capture]
+gap = 2.0
+[state]
+trace_max_bytes = 0
+"""
+
+
+@pytest.fixture
+def watchdog_proc(tmp_path: Path) -> Iterator[Callable[..., WatchdogProcess]]:
+    started: list[WatchdogProcess] = []
+
+    def start(url: str, suspect: float, window: float, probe: float = 10.0) -> WatchdogProcess:
+        w = WatchdogProcess(url, tmp_path / "state", DAEMON.format(suspect=suspect, window=window, probe=probe))
+        started.append(w.start())
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def test_daemon_writes_exactly_one_complete_bundle_on_a_freeze(
+        vllm: Callable[..., VllmServer], fast_model: Path, watchdog_proc: Callable[..., WatchdogProcess]) -> None:
+    server = vllm(fast_model)
+    w = watchdog_proc(server.url, suspect=5.0, window=60.0)
+    w.wait_for_state("idle", 60)
+    with LoadGenerator(server.url, server.model_name, threads=4, duration=150, request_timeout=250):
+        w.wait_for_state("working", 30)
+        time.sleep(3)
+        with frozen(server.process("VLLM::Worker_TP1")):
+            stopped = time.time()
+            event = w.wait_for_state("frozen", 40, after=stopped)
+            assert "stacks confirm" in event["reason"], event  # confirmed by stacks, well before the 60 s window
+            deadline = time.monotonic() + 60
+            while not [e for e in w.events() if e.get("event") == "evidence_captured"]:
+                assert time.monotonic() < deadline, w.events()
+                time.sleep(0.5)
+            captured_after = time.time() - stopped
+            time.sleep(5)  # still frozen: no second bundle for the same freeze
+        w.wait_for_state("working", 60, after=event_time(event))
+    captured = [e for e in w.events() if e.get("event") == "evidence_captured"]
+    assert len(captured) == 1, captured
+    assert captured[0]["complete"] and captured[0]["culprit"] == "Worker_TP1"
+    assert captured_after < 60
+    bundle = Path(captured[0]["bundle"])
+    m = json.loads((bundle / "manifest.json").read_text())
+    assert {"VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"} <= set(by_title(m))
+    assert m["capture_complete"]
+    assert len(list((bundle.parent).iterdir())) == 1  # one bundle, no partial directory
+
+
+def test_giant_prefill_step_is_suspected_then_cleared_by_the_stacks(
+        vllm: Callable[..., VllmServer], slow_model: Path, watchdog_proc: Callable[..., WatchdogProcess]) -> None:
+    """One prefill chunk of ~12k tokens keeps the page silent for longer than the suspicion delay."""
+    server = vllm(slow_model, max_model_len=16384, max_num_batched_tokens=16384)
+    w = watchdog_proc(server.url, suspect=3.0, window=120.0, probe=1.0)
+    w.wait_for_state("idle", 60)
+    t0 = time.monotonic()
+    req = BackgroundRequest(server.url, server.model_name, long_prompt(12000), max_tokens=1, timeout=600)
+    result = req.result(timeout=600)
+    took = time.monotonic() - t0
+    assert result.ok, result
+    assert took > 3.0 + 5, f"the step took only {took:.1f}s"
+    time.sleep(2)
+    states = w.states()
+    assert "suspect" in states, w.events()
+    checked = [e for e in w.events() if e.get("event") == "evidence_checked"]
+    assert checked and checked[0]["decision"] == "working", checked
+    assert "frozen" not in states, w.events()
+    assert not [e for e in w.events() if e.get("event") == "evidence_captured"]
+    assert not (w.state_dir / "incidents").exists() or not list((w.state_dir / "incidents").iterdir())
+
+
+def test_without_pyspy_the_bundle_says_so_and_keeps_the_rest(vllm: Callable[..., VllmServer], fast_model: Path,
+                                                             tmp_path: Path) -> None:
+    server = vllm(fast_model)
+    cfg = tmp_path / "nopyspy.toml"
+    cfg.write_text('[capture]\npyspy = "/nonexistent/py-spy"\n')
+    code, m = dump(server.url, tmp_path / "incidents", "--config", str(cfg))
+    assert code == 1, m  # capture incomplete
+    assert any("py-spy was not found" in p for p in m["problems"]), m["problems"]
+    assert {"VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"} <= set(by_title(m))  # still found
+    bundle = Path(m["bundle"])
+    assert "vllm:num_requests_running" in (bundle / "metrics.txt").read_text()
+    assert "NO" in (bundle / "summary.md").read_text()  # "capture complete: NO"
