@@ -5,8 +5,9 @@
 1. Footprint: `watchdog run` at 1 Hz with default settings against the engine under load, for N minutes:
    its CPU share (utime+stime over wall time) and peak RSS (VmHWM), next to a reference in the same run: a
    naive watcher that GETs /metrics at 1 Hz and parses it whole with prometheus_client.
-2. Detection: with default settings, Worker_TP1 is stopped under load, N times; the latency is from the stop
-   (the last moment progress was possible) to the `frozen` event. Median and max.
+2. Detection: Worker_TP1 is stopped under load, N times; the latency is from the stop (the last moment
+   progress was possible) to the `frozen` event. Median and max, with the default settings (stacks taken on
+   suspicion confirm the freeze) and with stack capture off (the metric-only stall window decides).
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def footprint(server: VllmServer, workdir: Path, minutes: float) -> dict[str, fl
         w.stop()
 
 
-def detection(server: VllmServer, workdir: Path, freezes: int) -> dict[str, object]:
-    w = WatchdogProcess(server.url, workdir / "detection", "").start()  # default thresholds
+def detection(server: VllmServer, workdir: Path, freezes: int, config: str, name: str) -> dict[str, object]:
+    w = WatchdogProcess(server.url, workdir / name, config).start()
     latencies: list[float] = []
     try:
         w.wait_for_state("idle", 60)
@@ -117,6 +118,7 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--freezes", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
+    ap.add_argument("--footprint-json", help="reuse footprint figures from an earlier run's JSON")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         workdir = Path(tmp)
@@ -124,11 +126,17 @@ def main() -> int:
         with server:
             server.wait_ready(300)
             print(f"vLLM ready after {server.ready_after:.1f}s; footprint for {args.minutes} min ...", flush=True)
-            results: dict[str, object] = {"footprint": footprint(server, workdir, args.minutes)}
-            print(json.dumps(results["footprint"], indent=2), flush=True)
-            print(f"detection over {args.freezes} freezes (default settings) ...", flush=True)
-            results["detection"] = detection(server, workdir, args.freezes)
-            print(json.dumps(results["detection"], indent=2), flush=True)
+            results: dict[str, object] = {}
+            if args.footprint_json:
+                results["footprint"] = json.loads(Path(args.footprint_json).read_text())
+            if args.minutes > 0:
+                results["footprint"] = footprint(server, workdir, args.minutes)
+                print(json.dumps(results["footprint"], indent=2), flush=True)
+            for name, config in (("detection_default", ""),
+                                 ("detection_metrics_only", "[capture]\nenabled = false\n")):
+                print(f"{name}: {args.freezes} freezes ...", flush=True)
+                results[name] = detection(server, workdir, args.freezes, config, name)
+                print(json.dumps(results[name], indent=2), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

@@ -118,10 +118,10 @@ def _write(path: Path, text: str) -> None:
 
 def write_bundle(root: Path, inc: Incident, capture: Capture, findings: Findings, context: Context) -> Path:
     """Write the bundle atomically; returns its final directory."""
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
     partial = root / f"{PARTIAL}{inc.id}"
     final = root / inc.id
     try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
         partial.mkdir(mode=0o700)
         (partial / "dumps").mkdir(mode=0o700)
         files: list[str] = []

@@ -134,20 +134,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = p.add_subparsers(dest="command", required=True)
 
-    def common(sp: argparse.ArgumentParser, url: bool = True) -> None:
+    def common(sp: argparse.ArgumentParser, url: bool = True, state_dir: bool = False, as_json: bool = False) -> None:
         sp.add_argument("--config", help="TOML config file (optional; every key has a default)")
         if url:
             sp.add_argument("--url", help="the vLLM server's base URL, e.g. http://127.0.0.1:8000")
+        if state_dir:
+            sp.add_argument("--state-dir", help="the service's state directory (default from config)")
+        if as_json:
+            sp.add_argument("--json", action="store_true", help="machine-readable output")
 
     c = sub.add_parser("check", help="watch for a few seconds and print one verdict per engine")
-    common(c)
+    common(c, as_json=True)
     c.add_argument("--seconds", type=float, default=10.0, help="longest time to watch (default 10)")
-    c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=cmd_check)
 
     r = sub.add_parser("run", help="watch continuously (the service)")
-    common(r)
-    r.add_argument("--state-dir", help="where events.jsonl and trace.jsonl go (default from config)")
+    common(r, state_dir=True)
     r.add_argument("--metrics-port", type=int, help="port for the watchdog's own metrics (0: off)")
     r.add_argument("--once", action="store_true", help="one pass, then exit")
     r.set_defaults(func=cmd_run)
@@ -159,9 +161,8 @@ def _parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=cmd_record)
 
     d = sub.add_parser("dump", help="capture every engine process's stacks now, write a bundle, print the triage")
-    common(d)
+    common(d, as_json=True)
     d.add_argument("--out", help="directory for the bundle (default STATE_DIR/incidents)")
-    d.add_argument("--json", action="store_true")
     d.add_argument("--native", action="store_true", help="py-spy --native (C/C++ frames too)")
     d.set_defaults(func=lambda a: triage.cmd_dump(_config(a), a))
 
@@ -171,21 +172,16 @@ def _parser() -> argparse.ArgumentParser:
     ex.set_defaults(func=triage.cmd_explain)
 
     inc = sub.add_parser("incidents", help="list incident bundles")
-    common(inc, url=False)
-    inc.add_argument("--state-dir")
-    inc.add_argument("--json", action="store_true")
+    common(inc, url=False, state_dir=True, as_json=True)
     inc.set_defaults(func=lambda a: triage.cmd_incidents(_config(a), a))
 
     sh = sub.add_parser("show", help="print one incident's summary")
     sh.add_argument("id")
-    common(sh, url=False)
-    sh.add_argument("--state-dir")
+    common(sh, url=False, state_dir=True)
     sh.set_defaults(func=lambda a: triage.cmd_show(_config(a), a))
 
     rep = sub.add_parser("report", help="tally verdicts across all incident bundles")
-    common(rep, url=False)
-    rep.add_argument("--state-dir")
-    rep.add_argument("--json", action="store_true")
+    common(rep, url=False, state_dir=True, as_json=True)
     rep.set_defaults(func=lambda a: triage.cmd_report(_config(a), a))
 
     rp = sub.add_parser("replay", help="run the judgement over a recorded trace; print transitions as JSON lines")

@@ -97,7 +97,10 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
             last = dumps[-1].facts
             if first and first.facts and last:
                 cpu = round(last.cpu_seconds - first.facts.cpu_seconds, 3)
-        found.append(ProcessFinding(proc, expl, moved, cpu, state, ""))
+        error = ""
+        if len(capture.rounds) >= 2 and moved is None:  # unknown whether it moved: the capture is incomplete
+            error = (dumps[-1].error if len(dumps) >= 2 else "") or "no readable dump in the last round"
+        found.append(ProcessFinding(proc, expl, moved, cpu, state, error))
     expls = [f.explanation for f in found if f.explanation is not None]
     moved_by_name = {f.explanation.name: bool(f.moved) for f in found if f.explanation is not None}
     engine_procs = [f for f in found if f.process.role in _ENGINE_ROLES]
@@ -105,7 +108,7 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
     any_moved = any(f.moved for f in engine_procs) if two_rounds else None
     cross = cross_rank(expls, moved_by_name if two_rounds else None)
     hypothesis = poll_parking([e for e in expls if e.role in ("engine", "worker")], work_pending, any_moved)
-    complete = bool(engine_procs) and all(f.explanation is not None for f in engine_procs)
+    complete = bool(engine_procs) and all(not f.error for f in engine_procs)
     decision, reason = _decide(engine_procs, complete, two_rounds, cross)
     return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems)
 
@@ -125,7 +128,7 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
     if not procs:
         return Decision.UNDECIDED, "no engine process found to take stacks of"
     if not complete:
-        missing = ", ".join(f"{f.process.label}: {f.error}" for f in procs if f.explanation is None)
+        missing = ", ".join(f"{f.process.label}: {f.error}" for f in procs if f.error)
         return Decision.UNDECIDED, f"incomplete capture ({missing})"
     if not two_rounds:
         return Decision.UNDECIDED, "a single capture cannot tell parked from passing through"

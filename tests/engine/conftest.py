@@ -14,7 +14,7 @@ test gets the servers' log tails in its report. One vLLM at a time: the machine 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import pytest
 
 from tests.harness import engine_env, models
 from tests.harness.server import VllmFactory, VllmServer
+from tests.harness.watcher import WatchdogProcess, quick_config
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -79,3 +80,19 @@ def vllm(request: pytest.FixtureRequest, engine_python: Path, tmp_path: Path) ->
             errors.append(f"{server.name}: {exc}")
     if errors:
         pytest.fail("could not stop every vLLM: " + "; ".join(errors))
+
+
+@pytest.fixture
+def watch(tmp_path: Path) -> Iterator[Callable[..., WatchdogProcess]]:
+    """watch(url, suspect=5, window=15, probe=10, extra="") -> a running `watchdog run`, stopped in teardown."""
+    started: list[WatchdogProcess] = []
+
+    def start(url: str, suspect: float = 5.0, window: float = 15.0, probe: float = 10.0,
+              extra: str = "") -> WatchdogProcess:
+        w = WatchdogProcess(url, tmp_path / f"watchdog-{len(started)}", quick_config(suspect, window, probe, extra))
+        started.append(w.start())
+        return w
+
+    yield start
+    for w in started:
+        w.stop()

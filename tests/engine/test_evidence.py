@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,41 +88,13 @@ def test_stopped_engine_core_under_load(vllm: Callable[..., VllmServer], fast_mo
     assert m["culprit"] == "EngineCore"
 
 
-DAEMON = """
-[scrape]
-interval = 0.5
-[judge]
-suspect_after = {suspect}
-stall_window = {window}
-[probe]
-interval = {probe}
-retry = 2.0
-timeout = 120.0
-[capture]
-gap = 2.0
-[state]
-trace_max_bytes = 0
-"""
-
-
-@pytest.fixture
-def watchdog_proc(tmp_path: Path) -> Iterator[Callable[..., WatchdogProcess]]:
-    started: list[WatchdogProcess] = []
-
-    def start(url: str, suspect: float, window: float, probe: float = 10.0) -> WatchdogProcess:
-        w = WatchdogProcess(url, tmp_path / "state", DAEMON.format(suspect=suspect, window=window, probe=probe))
-        started.append(w.start())
-        return w
-
-    yield start
-    for w in started:
-        w.stop()
+Watch = Callable[..., WatchdogProcess]
 
 
 def test_daemon_writes_exactly_one_complete_bundle_on_a_freeze(
-        vllm: Callable[..., VllmServer], fast_model: Path, watchdog_proc: Callable[..., WatchdogProcess]) -> None:
+        vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch) -> None:
     server = vllm(fast_model)
-    w = watchdog_proc(server.url, suspect=5.0, window=60.0)
+    w = watch(server.url, suspect=5.0, window=60.0, extra="[capture]\ngap = 2.0\n")
     w.wait_for_state("idle", 60)
     with LoadGenerator(server.url, server.model_name, threads=4, duration=150, request_timeout=250):
         w.wait_for_state("working", 30)
@@ -150,10 +122,10 @@ def test_daemon_writes_exactly_one_complete_bundle_on_a_freeze(
 
 
 def test_giant_prefill_step_is_suspected_then_cleared_by_the_stacks(
-        vllm: Callable[..., VllmServer], slow_model: Path, watchdog_proc: Callable[..., WatchdogProcess]) -> None:
+        vllm: Callable[..., VllmServer], slow_model: Path, watch: Watch) -> None:
     """One prefill chunk of ~12k tokens keeps the page silent for longer than the suspicion delay."""
     server = vllm(slow_model, max_model_len=16384, max_num_batched_tokens=16384)
-    w = watchdog_proc(server.url, suspect=3.0, window=120.0, probe=1.0)
+    w = watch(server.url, suspect=3.0, window=120.0, probe=1.0, extra="[capture]\ngap = 2.0\n")
     w.wait_for_state("idle", 60)
     t0 = time.monotonic()
     req = BackgroundRequest(server.url, server.model_name, long_prompt(12000), max_tokens=1, timeout=600)

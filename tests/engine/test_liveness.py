@@ -8,7 +8,7 @@ the default settings are measured in bench/bench_detection.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,37 +22,9 @@ from tests.harness.watcher import WatchdogProcess, event_time
 
 pytestmark = pytest.mark.engine
 
-QUICK = """
-[scrape]
-interval = 0.5
-[judge]
-suspect_after = {suspect}
-stall_window = {window}
-[probe]
-interval = {probe}
-retry = 2.0
-timeout = 120.0
-[state]
-trace_max_bytes = 0
-"""
-
 Watch = Callable[..., WatchdogProcess]
-
-
-@pytest.fixture
-def watch(tmp_path: Path) -> Iterator[Watch]:
-    started: list[WatchdogProcess] = []
-
-    def start(url: str, suspect: float = 5.0, window: float = 15.0, probe: float = 10.0) -> WatchdogProcess:
-        w = WatchdogProcess(
-            url, tmp_path / f"watchdog-{len(started)}", QUICK.format(suspect=suspect, window=window, probe=probe)
-        )
-        started.append(w.start())
-        return w
-
-    yield start
-    for w in started:
-        w.stop()
+# These tests prove the metric judgement alone; tests/engine/test_evidence.py covers stacks deciding.
+METRICS_ONLY = "[capture]\nenabled = false\n"
 
 
 def health(url: str) -> int:
@@ -68,7 +40,7 @@ def page_value(server: VllmServer, name: str) -> float:
 
 def test_steady_load_is_never_frozen(vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch) -> None:
     server = vllm(fast_model)
-    w = watch(server.url)
+    w = watch(server.url, extra=METRICS_ONLY)
     w.wait_for_state("idle", 60)
     with LoadGenerator(server.url, server.model_name, threads=4, duration=70) as load:
         w.wait_for_state("working", 30)
@@ -83,7 +55,7 @@ def test_idle_engine_is_idle_and_probes_succeed(
     vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch
 ) -> None:
     server = vllm(fast_model)
-    w = watch(server.url, probe=10.0)
+    w = watch(server.url, extra=METRICS_ONLY, probe=10.0)
     w.wait_for_state("idle", 60)
     before = page_value(server, "vllm:request_success_total")
     time.sleep(62)
@@ -98,7 +70,7 @@ def test_long_prefill_longer_than_the_window_is_never_frozen(
 ) -> None:
     """Chunked prefill: every counter flat for well over the window, only KV usage moves. The window here is 8 s."""
     server = vllm(slow_model, max_model_len=8192, max_num_batched_tokens=128)
-    w = watch(server.url, suspect=4.0, window=8.0, probe=60.0)
+    w = watch(server.url, extra=METRICS_ONLY, suspect=4.0, window=8.0, probe=60.0)
     w.wait_for_state("idle", 60)
     t0 = time.monotonic()
     req = BackgroundRequest(server.url, server.model_name, long_prompt(7800), max_tokens=1, timeout=300)
@@ -114,7 +86,7 @@ def test_stopped_worker_under_load_is_frozen_within_the_window(
     vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch
 ) -> None:
     server = vllm(fast_model)
-    w = watch(server.url, suspect=5.0, window=15.0)
+    w = watch(server.url, extra=METRICS_ONLY, suspect=5.0, window=15.0)
     w.wait_for_state("idle", 60)
     with LoadGenerator(server.url, server.model_name, threads=4, duration=120, request_timeout=200):
         w.wait_for_state("working", 30)
@@ -133,7 +105,7 @@ def test_invisible_wedge_after_idle_is_found_by_the_probe(
     vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch
 ) -> None:
     server = vllm(fast_model)
-    w = watch(server.url, suspect=5.0, window=15.0, probe=5.0)
+    w = watch(server.url, extra=METRICS_ONLY, suspect=5.0, window=15.0, probe=5.0)
     w.wait_for_state("idle", 60)
     with frozen(server.process("VLLM::Worker_TP1")):
         stopped_at = time.time()
@@ -151,7 +123,7 @@ def test_killed_worker_is_down_then_starting_then_idle_after_restart(
     vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch
 ) -> None:
     server = vllm(fast_model)
-    w = watch(server.url)
+    w = watch(server.url, extra=METRICS_ONLY)
     w.wait_for_state("idle", 60)
     killed_at = time.time()
     kill(server.process("VLLM::Worker_TP1"))
@@ -168,7 +140,7 @@ def test_startup_is_starting_never_frozen(vllm: Callable[..., VllmServer], fast_
     from tests.harness.server import free_port
 
     port = free_port()
-    w = watch(f"http://127.0.0.1:{port}", suspect=3.0, window=6.0)
+    w = watch(f"http://127.0.0.1:{port}", extra=METRICS_ONLY, suspect=3.0, window=6.0)
     time.sleep(2)
     server = vllm(fast_model, port=port, wait=False)
     w.wait_for_state("starting", 120)

@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 
+def quick_config(suspect: float, window: float, probe: float, extra: str = "") -> str:
+    """A config for tests: twice-a-second scrapes and the test's own thresholds."""
+    return (f"[scrape]\ninterval = 0.5\n[judge]\nsuspect_after = {suspect}\nstall_window = {window}\n"
+            f"[probe]\ninterval = {probe}\nretry = 2.0\ntimeout = 120.0\n[state]\ntrace_max_bytes = 0\n{extra}")
+
+
 class WatchdogProcess:
     """`python -m watchdog run` in its own session, with a config of the test's choosing."""
 
@@ -63,18 +69,21 @@ class WatchdogProcess:
             return []
         return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.strip()]
 
+    def transitions(self) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e.get("event") == "transition"]
+
     def states(self) -> list[str]:
-        return [e["to"] for e in self.events()]
+        return [e["to"] for e in self.transitions()]
 
     def current(self, engine: str = "0") -> str | None:
-        mine = [e["to"] for e in self.events() if e["engine"] == engine]
+        mine = [e["to"] for e in self.transitions() if e["engine"] == engine]
         return mine[-1] if mine else None
 
     def wait_for_state(self, state: str, timeout: float, engine: str = "0", after: float = 0.0) -> dict[str, Any]:
         """The first event entering `state` whose wall time is after `after` (unix seconds)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for e in self.events():
+            for e in self.transitions():
                 if e["engine"] == engine and e["to"] == state and event_time(e) >= after:
                     return e
             if self._popen is not None and self._popen.poll() is not None:
