@@ -12,6 +12,7 @@ import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psutil
@@ -137,8 +138,10 @@ class ServerTree:
 
 
 def _serves_port(cmdline: list[str], port: int) -> bool:
-    joined = " ".join(cmdline)
-    if "vllm" not in joined.lower():
+    """A vLLM API server (``python -m vllm.entrypoints...`` or ``vllm serve``) for this port."""
+    server = any(a.startswith("vllm.entrypoints") for a in cmdline) or (
+        len(cmdline) >= 2 and Path(cmdline[0]).name == "vllm" and cmdline[1] == "serve")
+    if not server:
         return False
     for i, arg in enumerate(cmdline):
         if arg == "--port" and i + 1 < len(cmdline):

@@ -367,7 +367,7 @@ def poll_parking(expls: list[ProcessExplanation], work_pending: bool | None,
                                             "readers wait on it, not on a lost wake-up.", busy[0].frames)
     if stacks_changed:
         return verdict(Status.CONTRADICTED, "Stacks moved between captures: the engine is progressing.")
-    if engine is not None and engine.cls is Cls.ENGINE_IDLE:
+    if engine is not None and engine.cls is Cls.ENGINE_IDLE and work_pending:
         return verdict(Status.CONTRADICTED, "EngineCore waits for requests, not for workers: the pending work is "
                                             "held elsewhere (a connector, the scheduler).", engine.frames)
     missing = [] if engine else ["no EngineCore stack"]
