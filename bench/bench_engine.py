@@ -63,7 +63,7 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def footprint(server: VllmServer, workdir: Path, minutes: float) -> dict[str, float]:
-    w = WatchdogProcess(server.url, workdir / "footprint", "[state]\ntrace_max_bytes = 67108864\n").start()
+    w = WatchdogProcess(server.url, workdir / "footprint", "").start()  # default settings
     naive = subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -92,9 +92,28 @@ def footprint(server: VllmServer, workdir: Path, minutes: float) -> dict[str, fl
         w.stop()
 
 
+def last_progress_before(trace: Path, when: float) -> float | None:
+    """Wall time of the last scrape, before ``when``, whose counters or KV usage differed from the one before."""
+    last, prev = None, None
+    for line in trace.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("kind") != "scrape" or "engines" not in r:
+            continue
+        if r["wall"] > when:
+            break
+        e = r["engines"]["0"]
+        key = (sorted(e["counters"].items()), e["kv"])
+        if prev is not None and key != prev:
+            last = r["wall"]
+        prev = key
+    return last
+
+
 def detection(server: VllmServer, workdir: Path, freezes: int, config: str, name: str) -> dict[str, object]:
     w = WatchdogProcess(server.url, workdir / name, config).start()
-    latencies: list[float] = []
+    from_stop: list[float] = []
+    from_progress: list[float] = []
+    bundle_after_stop: list[float] = []
     try:
         w.wait_for_state("idle", 60)
         with LoadGenerator(server.url, server.model_name, threads=4, duration=freezes * 150, request_timeout=300):
@@ -104,13 +123,35 @@ def detection(server: VllmServer, workdir: Path, freezes: int, config: str, name
                 with frozen(server.process("VLLM::Worker_TP1")):
                     stopped = time.time()
                     event = w.wait_for_state("frozen", 120, after=stopped)
-                latencies.append(round(event_time(event) - stopped, 2))
-                print(f"  freeze {len(latencies)}: frozen after {latencies[-1]:.1f}s", flush=True)
-                w.wait_for_state("working", 120, after=event_time(event))
+                    if "capture]\nenabled = false" not in config:
+                        deadline = time.monotonic() + 60
+                        while not (b := [e for e in w.events() if e.get("event") == "evidence_captured"
+                                         and event_time(e) >= stopped]):
+                            assert time.monotonic() < deadline
+                            time.sleep(0.2)
+                        bundle_after_stop.append(round(event_time(b[0]) - stopped, 2))
+                frozen_at = event_time(event)
+                from_stop.append(round(frozen_at - stopped, 2))
+                last = last_progress_before(w.state_dir / "trace.jsonl", frozen_at)
+                if last is not None:
+                    from_progress.append(round(frozen_at - last, 2))
+                since_progress = from_progress[-1] if from_progress else float("nan")
+                print(f"  freeze {len(from_stop)}: frozen {from_stop[-1]:.1f}s after the stop, "
+                      f"{since_progress:.1f}s after the last progress", flush=True)
+                w.wait_for_state("working", 120, after=frozen_at)
     finally:
         w.stop()
-    return {"freezes": len(latencies), "latencies_s": latencies, "median_s": statistics.median(latencies),
-            "max_s": max(latencies)}
+    out: dict[str, object] = {
+        "freezes": len(from_stop),
+        "stop_to_frozen_s": from_stop, "median_stop_to_frozen_s": statistics.median(from_stop),
+        "last_progress_to_frozen_s": from_progress,
+        "median_last_progress_to_frozen_s": statistics.median(from_progress),
+        "max_last_progress_to_frozen_s": max(from_progress),
+    }
+    if bundle_after_stop:
+        out["stop_to_bundle_written_s"] = bundle_after_stop
+        out["median_stop_to_bundle_written_s"] = statistics.median(bundle_after_stop)
+    return out
 
 
 def main() -> int:

@@ -260,7 +260,8 @@ class Daemon:
                 self._checking.discard(engine)
                 self._event({**base, "event": "evidence_checked", **summary})
                 if f.decision != Decision.UNDECIDED:
-                    obs = StackEvidence(done.started, engine, f.decision == Decision.STUCK, f.reason)
+                    obs = StackEvidence(watcher.clock(), engine, f.decision == Decision.STUCK, f.reason,
+                                        captured_at=done.started)
                     self._report(watcher, watcher.feed(obs))
             else:
                 self._event({**base, "event": "evidence_captured", "bundle": str(done.bundle) if done.bundle else None,

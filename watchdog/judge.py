@@ -64,12 +64,21 @@ class ProbeFinished:
 
 @dataclass(frozen=True, slots=True)
 class StackEvidence:
-    """A later stage's reading of the stacks: ``stuck`` confirms a suspicion, otherwise it clears it."""
+    """A later stage's reading of the stacks: ``stuck`` confirms a suspicion, otherwise it clears it.
+
+    ``t`` is when the reading arrived; ``captured_at`` when the stacks were taken (progress seen after that
+    makes the reading stale). Left at 0, it means ``t``.
+    """
 
     t: float
     engine: str
     stuck: bool
     reason: str
+    captured_at: float = 0.0
+
+    @property
+    def taken(self) -> float:
+        return self.captured_at or self.t
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +280,7 @@ class Judge:
         if tr.pending_since is not None:
             stall_start = max(tr.pending_since, tr.last_progress or tr.pending_since)
             stalled = t - stall_start
-            if tr.confirmed is not None and tr.confirmed.t >= stall_start:
+            if tr.confirmed is not None and tr.confirmed.taken >= stall_start:
                 return self._set(tr, t, State.FROZEN, f"stacks confirm: {tr.confirmed.reason} ({work})", stalled)
             if stalled >= th.stall_window:
                 return self._set(tr, t, State.FROZEN,
@@ -332,6 +341,8 @@ class Judge:
         tr = self.tracks.get(e.engine)
         if tr is None or tr.verdict is None:
             return []
+        if tr.last_progress is not None and tr.last_progress > e.taken:
+            return []  # the engine moved after these stacks were taken: they say nothing about now
         if e.stuck:
             tr.confirmed = e
             return self._set(tr, e.t, State.FROZEN, f"stacks confirm: {e.reason}", tr.verdict.stalled_for)

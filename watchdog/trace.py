@@ -54,7 +54,7 @@ def to_record(obs: Observation, wall: float | None = None) -> dict[str, Any]:
         return {"kind": "server_process", "t": obs.t, "wall": wall, "pid": obs.pid, "started": obs.started_wall,
                 "titles": list(obs.titles)}
     return {"kind": "evidence", "t": obs.t, "wall": wall, "engine": obs.engine, "stuck": obs.stuck,
-            "reason": obs.reason}
+            "reason": obs.reason, "captured_at": obs.captured_at}
 
 
 def from_record(rec: dict[str, Any]) -> Observation:
@@ -77,7 +77,8 @@ def from_record(rec: dict[str, Any]) -> Observation:
     if kind == "server_process":
         return ServerProcess(t, rec.get("pid"), float(rec.get("started") or 0), tuple(rec.get("titles", ())))
     if kind == "evidence":
-        return StackEvidence(t, rec["engine"], bool(rec["stuck"]), rec.get("reason", ""))
+        return StackEvidence(t, rec["engine"], bool(rec["stuck"]), rec.get("reason", ""),
+                             float(rec.get("captured_at") or 0))
     raise KeyError(f"unknown observation kind {kind!r}")
 
 

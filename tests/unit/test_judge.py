@@ -323,3 +323,20 @@ def test_closed_port_with_a_new_server_process_is_starting_an_old_one_dying_is_d
     # a stale sighting (older than a few seconds) does not count
     j.observe(failed(70, "refused"))
     assert states(j) == {"0": State.DOWN}
+
+
+def test_stack_evidence_is_stamped_when_it_arrives_and_stale_if_the_engine_moved_since() -> None:
+    j = ready_judge()
+    j.observe(page(2, running=1, gen=30))
+    for t in range(3, 19):
+        j.observe(page(t, running=1, gen=30))
+    assert states(j) == {"0": State.SUSPECT}
+    # stacks taken at 18, read at 22: the freeze is declared at 22, not back-dated to 18
+    trs = j.observe(StackEvidence(22, "0", stuck=True, reason="parked", captured_at=18))
+    assert [(t.to_state, t.t) for t in trs] == [(State.FROZEN, 22)]
+    # stacks taken before the engine last moved say nothing about now
+    j2 = ready_judge()
+    for t in range(2, 19):
+        j2.observe(page(t, running=1, gen=30))
+    j2.observe(page(19, running=1, gen=31))
+    assert j2.observe(StackEvidence(21, "0", stuck=True, reason="parked", captured_at=18.5)) == []
