@@ -26,6 +26,9 @@ from watchdog.stacks import Frame, ProcessStack, StackParseError, parse_pyspy_js
 _ROLE = {"engine_core": "engine", "worker": "worker", "api_server": "api_server", "dp_coordinator": "dp_coordinator",
          "sglang_scheduler": "scheduler", "ray_worker": "worker"}
 _WORKING = {Cls.MODEL_FORWARD, Cls.COMPILE}  # a rank doing real work: the silence is a long step
+# Waiting loops move between their own lines (spin, poll with a timeout, re-check): that is not progress.
+_WAITING = {Cls.IDLE_READER_WAIT, Cls.ENGINE_IDLE, Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING,
+            Cls.STOPPED}
 _ENGINE_ROLES = {"engine_core", "worker", "sglang_scheduler", "ray_worker"}
 
 
@@ -94,6 +97,10 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
         if len(stacks) >= 2 and stacks[-1] is not None:
             moved = _frames_key(_thread_frames(stacks[0], expl.thread)) != _frames_key(
                 _thread_frames(stacks[-1], expl.thread))
+            if moved and expl.cls in _WAITING:
+                # a wait loop passes through its own lines; only leaving the wait is progress
+                moved = classify(stacks[-1], _ROLE.get(proc.role), dumps[-1].facts.state
+                                 if dumps[-1].facts else None).cls != expl.cls
             last = dumps[-1].facts
             if first and first.facts and last:
                 cpu = round(last.cpu_seconds - first.facts.cpu_seconds, 3)
@@ -121,7 +128,7 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
         e = working[0].explanation
         assert e is not None
         return Decision.WORKING, f"{e.name} is {e.cls.value}: a long step, not a freeze"
-    movers = [f for f in procs if f.moved and f.explanation is not None and f.explanation.cls != Cls.STOPPED]
+    movers = [f for f in procs if f.moved and f.explanation is not None]
     if movers:
         names = ", ".join(f.explanation.name for f in movers if f.explanation)
         return Decision.WORKING, f"stacks moved between captures ({names})"
