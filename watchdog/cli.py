@@ -20,7 +20,7 @@ from watchdog.trace import TraceError, TraceWriter, read_trace, replay
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FROZEN, EXIT_DOWN, EXIT_UNKNOWN, EXIT_USAGE = 0, 1, 2, 3, 64
+EXIT_OK, EXIT_FROZEN, EXIT_DOWN, EXIT_UNKNOWN, EXIT_USAGE, EXIT_IOERR = 0, 1, 2, 3, 64, 74
 _EXIT_BY_STATE = {State.IDLE: EXIT_OK, State.WORKING: EXIT_OK, State.FROZEN: EXIT_FROZEN, State.DOWN: EXIT_DOWN}
 _SETTLED = {State.IDLE, State.DOWN, State.BLIND}
 
@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"watchdog: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # e.g. a state directory that cannot be created or written
+        print(f"watchdog: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_IOERR
 
 
 if __name__ == "__main__":

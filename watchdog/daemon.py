@@ -171,7 +171,10 @@ class Daemon:
             sinks.append(self._trace.write)
         watcher = build_watcher(self.cfg, sinks)
         if self.cfg.capture.enabled and not once:
-            self.evidence = EvidenceRunner(Investigator(self.cfg))
+            investigator = Investigator(self.cfg)
+            for problem in investigator.preflight():
+                log.warning("evidence capture: %s", problem)
+            self.evidence = EvidenceRunner(investigator)
         self._install_signals()
         log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s",
                  watcher.fetcher.url if isinstance(watcher.fetcher, MetricsFetcher) else self.cfg.engine.url,

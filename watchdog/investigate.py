@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from watchdog.bundle import BundleError, Incident, new_id, prune, write_bundle
-from watchdog.capture import Capture, Capturer, find_pyspy
+from watchdog.capture import MISSING_HINT, PTRACE_HINT, Capture, Capturer, find_pyspy
 from watchdog.config import Config
 from watchdog.context import LogSource, fetch_metrics_page, gather
 from watchdog.discover import EngineProcess, discover
@@ -40,6 +40,18 @@ class Investigator:
         self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter))
         self.capturer = capturer or Capturer(find_pyspy(c.pyspy), c.timeout, c.native, c.locals)
         self.incidents_dir = Path(cfg.state.dir) / "incidents"
+
+    def preflight(self) -> list[str]:
+        """What would stop a capture, known before any incident: say it at start, not at 3 a.m."""
+        problems = []
+        if self.capturer.pyspy is None:
+            problems.append(MISSING_HINT)
+        try:
+            if Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() == "3":
+                problems.append(PTRACE_HINT)
+        except OSError:
+            pass
+        return problems
 
     def investigate(self, work_pending: bool | None) -> Evidence:
         t0 = time.monotonic()

@@ -200,3 +200,11 @@ def test_the_unrelated_watchdog_package_is_detected(tmp_path: Path, monkeypatch:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: watchdog\nVersion: 7.1.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert clashing_distribution() == "watchdog 7.1.0"
+
+
+def test_run_with_an_unusable_state_dir_says_so(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    r = run_cli("run", "--once", "--url", "http://127.0.0.1:9", "--state-dir", str(blocker / "state"))
+    assert r.returncode == 74
+    assert "Not a directory" in r.stderr and "Traceback" not in r.stderr
