@@ -1,0 +1,350 @@
+"""Alert sinks against real local HTTP receivers, and the dispatcher's retry, dedup and non-blocking promises."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from watchdog.alerts import (
+    EVENTS,
+    Alert,
+    AlertmanagerSink,
+    Dispatcher,
+    RetryPolicy,
+    SlackSink,
+    WebhookSink,
+    verify_signature,
+)
+from watchdog.config import Secret
+
+SECRET = "hmac-s3cret-value-42"
+TOKEN = "T0KEN-in-the-path-99"
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+# behaviour: (hit number from 1) -> (status, delay in seconds before answering)
+Behaviour = Callable[[int], tuple[int, float]]
+
+
+def ok(_n: int) -> tuple[int, float]:
+    return 200, 0.0
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with self.server.lock:
+            self.server.hits += 1
+            n = self.server.hits
+        status, delay = self.server.behaviour(n)
+        if delay:
+            self.server.stop.wait(delay)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+        except OSError:  # the client timed out and left
+            return
+        if 200 <= status < 300:
+            with self.server.lock:
+                self.server.received.append((self.path, dict(self.headers), body))
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class Receiver(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.behaviour = behaviour
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.hits = 0
+        self.received: list[tuple[str, dict[str, str], bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def bodies(self) -> list[Any]:
+        with self.lock:
+            return [json.loads(b) for _p, _h, b in self.received]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Callable[..., Receiver]]:
+    started: list[tuple[Receiver, threading.Thread]] = []
+
+    def start(behaviour: Behaviour = ok) -> Receiver:
+        srv = Receiver(behaviour)
+        t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        t.start()
+        started.append((srv, t))
+        return srv
+
+    yield start
+    for srv, t in started:
+        srv.stop.set()
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+
+
+@pytest.fixture
+def dispatcher() -> Iterator[Callable[..., Dispatcher]]:
+    made: list[Dispatcher] = []
+
+    def make(*args: Any, **kwargs: Any) -> Dispatcher:
+        d = Dispatcher(*args, **kwargs)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.close(timeout=0.5)
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def alert(event: str = "stall_detected", incident: str = "inc-1", **kw: object) -> Alert:
+    args: dict[str, Any] = {"engine": "0", "stack": "qwen", "url": "http://127.0.0.1:8000", "state": "frozen",
+                               "summary": f"{event} happened", "details": {}, "time": 1_700_000_000.5}
+    args.update(kw)
+    return Alert(event, incident, **args)
+
+
+class Counting:
+    """Wraps a sink to count attempts."""
+
+    def __init__(self, sink: WebhookSink) -> None:
+        self.sink, self.name, self.calls = sink, sink.name, 0
+
+    def send(self, a: Alert) -> None:
+        self.calls += 1
+        self.sink.send(a)
+
+
+def gave_up(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "giving up" in r.getMessage()]
+
+
+DETAILS = {"stall_detected": {"verdict": "frozen: no tokens for 40s", "kind": "frozen"},
+           "evidence_captured": {"verdict": "stuck", "bundle": "/var/lib/engine-watchdog/incidents/x.tar.gz"},
+           "recovered": {"downtime": 812.5}}
+
+
+def test_events_arrive_in_order_with_documented_payloads(receiver, dispatcher) -> None:
+    hook, slack, am = receiver(), receiver(), receiver()
+    d = dispatcher([WebhookSink(hook.url + "/hook?x=1", Secret(SECRET)), SlackSink(slack.url + "/services/T/B/C"),
+                    AlertmanagerSink(am.url + "/")], RetryPolicy.instant())
+    alerts = [alert(e, details=DETAILS.get(e, {}), time=1_700_000_000.0 + i, resolved=e == "resolved")
+              for i, e in enumerate(EVENTS)]
+    for a in alerts:
+        d.submit(a)
+    assert d.wait_idle(10)
+
+    bodies = hook.bodies()
+    assert [b["event"] for b in bodies] == list(EVENTS)
+    for b, a in zip(bodies, alerts, strict=True):
+        assert b == {"version": 1, "event": a.event, "incident_id": "inc-1", "engine": "0", "stack": "qwen",
+                     "url": "http://127.0.0.1:8000", "state": "frozen", "summary": a.summary,
+                     "details": DETAILS.get(a.event, {}), "time": b["time"], "resolved": a.event == "resolved"}
+        assert ISO.match(b["time"])
+    assert bodies[0]["time"] == "2023-11-14T22:13:20.000Z"
+    for path, headers, raw in hook.received:
+        assert path == "/hook?x=1"
+        assert headers["Content-Type"] == "application/json"
+        assert verify_signature(Secret(SECRET), raw, headers["X-Watchdog-Signature"])
+        assert not verify_signature(Secret("wrong"), raw, headers["X-Watchdog-Signature"])
+        assert not verify_signature(Secret(SECRET), raw + b" ", headers["X-Watchdog-Signature"])
+        assert abs(int(headers["X-Watchdog-Timestamp"]) - time.time()) < 60
+
+    texts = slack.bodies()
+    assert len(texts) == len(EVENTS)
+    for t, a in zip(texts, alerts, strict=True):
+        assert a.event in t["text"] or a.resolved
+        assert "qwen" in t["text"] and "inc-1" in t["text"]
+        assert t["blocks"][0]["type"] == "section"
+    assert "RESOLVED" in texts[-1]["text"]
+    assert all(p == "/services/T/B/C" for p, _h, _b in slack.received)
+
+    posts = am.bodies()
+    assert all(p == "/api/v2/alerts" for p, _h, _b in am.received)
+    assert len(posts) == len(EVENTS)
+    for post, a in zip(posts, alerts, strict=True):
+        assert isinstance(post, list) and len(post) == 1
+        one = post[0]
+        assert one["labels"] == {"alertname": "EngineFrozen", "engine": "0", "stack": "qwen", "incident_id": "inc-1",
+                                 "severity": "critical"}
+        assert {"summary", "description"} <= set(one["annotations"])
+        assert ISO.match(one["startsAt"])
+        assert one["generatorURL"] == "http://127.0.0.1:8000"
+        assert ("endsAt" in one) == a.resolved
+    assert posts[1][0]["annotations"]["bundle"] == DETAILS["evidence_captured"]["bundle"]
+    assert posts[-1][0]["endsAt"] == "2023-11-14T22:13:27.000Z"
+
+
+def test_webhook_without_secret_is_unsigned(receiver, dispatcher) -> None:
+    hook = receiver()
+    d = dispatcher([WebhookSink(hook.url)], RetryPolicy.instant())
+    d.submit(alert())
+    assert d.wait_idle(10)
+    [(_p, headers, _b)] = hook.received
+    assert "X-Watchdog-Signature" not in headers and "X-Watchdog-Timestamp" not in headers
+
+
+def test_alertmanager_alertname_follows_the_incident_kind() -> None:
+    am = AlertmanagerSink("http://am:9093", firing_ttl=3600)
+    # one incident keeps one alertname (labels are Alertmanager's identity), so `resolved` ends the right alert
+    assert am.alertname(alert("engine_down", "a", state="down")) == "EngineDown"
+    assert am.alertname(alert("restart_started", "a", state="starting")) == "EngineDown"
+    assert am.alertname(alert("resolved", "a", state="healthy", resolved=True)) == "EngineDown"
+    assert am.alertname(alert("stall_detected", "b")) == "EngineFrozen"
+    assert am.alertname(alert("engine_down", "b", state="down")) == "EngineFrozen"
+    boot = alert("gave_up", "c", state="starting", details={"kind": "boot_timeout"})
+    assert am.alertname(boot) == "EngineBootTimeout"
+    fresh = AlertmanagerSink("http://am:9093")  # e.g. after a watchdog restart: details["kind"] says it
+    assert fresh.alertname(alert("resolved", "a", state="healthy", details={"kind": "down"})) == "EngineDown"
+    [firing] = json.loads(am.body(alert(time=0.0)))
+    assert firing["endsAt"] == "1970-01-01T01:00:00.000Z"  # held open, not ended by resolve_timeout
+
+
+def test_down_receiver_is_retried_then_given_up_without_blocking(dispatcher, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="watchdog.alerts")
+    sink = Counting(WebhookSink(closed_port_url(), Secret(SECRET), name="ops-hook", connect_timeout=1))
+    d = dispatcher([sink], RetryPolicy.instant(attempts=4))
+    t0 = time.monotonic()
+    d.submit(alert("engine_down", incident="inc-down"))
+    assert time.monotonic() - t0 < 0.2
+    assert d.wait_idle(20)
+    assert sink.calls == 4
+    [line] = gave_up(caplog)
+    for part in ("ops-hook", "engine_down", "inc-down", "connection failed", "4 attempts"):
+        assert part in line
+
+
+def test_slow_receiver_never_delays_submit_and_is_given_up(receiver, dispatcher, caplog) -> None:
+    slow = receiver(lambda _n: (200, 2.0))
+    sink = Counting(WebhookSink(slow.url, read_timeout=0.5))
+    d = dispatcher([sink], RetryPolicy.instant(attempts=2))
+    t0 = time.monotonic()
+    d.submit(alert())
+    d.submit(alert("evidence_captured"))
+    assert time.monotonic() - t0 < 0.5  # generous: each answer takes 2 s
+    assert d.wait_idle(20)
+    assert sink.calls == 4
+    lines = gave_up(caplog)
+    assert len(lines) == 2 and all("read timeout" in x and "2 attempts" in x for x in lines)
+    assert slow.received == []
+
+
+def test_slow_first_answer_is_retried_and_delivered(receiver, dispatcher, caplog) -> None:
+    slow_once = receiver(lambda n: (200, 2.0 if n == 1 else 0.0))
+    d = dispatcher([WebhookSink(slow_once.url, read_timeout=0.5)], RetryPolicy.instant(attempts=3))
+    d.submit(alert())
+    assert d.wait_idle(20)
+    assert len(slow_once.bodies()) == 1 and slow_once.hits == 2
+    assert gave_up(caplog) == []
+
+
+def test_500_then_200_is_delivered_on_retry(receiver, dispatcher, caplog) -> None:
+    flaky = receiver(lambda n: (500 if n == 1 else 200, 0.0))
+    d = dispatcher([SlackSink(flaky.url)], RetryPolicy.instant(attempts=3))
+    d.submit(alert())
+    assert d.wait_idle(10)
+    assert flaky.hits == 2 and len(flaky.bodies()) == 1
+    assert gave_up(caplog) == []
+
+
+def test_client_error_is_not_retried(receiver, dispatcher, caplog) -> None:
+    bad = receiver(lambda _n: (400, 0.0))
+    d = dispatcher([AlertmanagerSink(bad.url)], RetryPolicy.instant(attempts=5))
+    d.submit(alert())
+    assert d.wait_idle(10)
+    assert bad.hits == 1
+    [line] = gave_up(caplog)
+    assert "HTTP 400" in line and "1 attempt " in line
+
+
+def test_same_alert_is_delivered_once_per_sink(receiver, dispatcher) -> None:
+    hook = receiver()
+    d = dispatcher([WebhookSink(hook.url)], RetryPolicy.instant())
+    d.submit(alert())
+    d.submit(alert())  # equal, another object
+    d.submit(alert(summary="reworded"))  # same incident and event: still a duplicate
+    d.submit(alert("evidence_captured"))
+    d.submit(alert(incident="inc-2"))
+    assert d.wait_idle(10)
+    got = [(b["incident_id"], b["event"]) for b in hook.bodies()]
+    assert got == [("inc-1", "stall_detected"), ("inc-1", "evidence_captured"), ("inc-2", "stall_detected")]
+
+
+def test_secrets_never_logged_even_on_failure(receiver, dispatcher, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="watchdog")
+    failing = receiver(lambda _n: (500, 0.0))
+    sinks = [WebhookSink(f"{closed_port_url()}/hook/{TOKEN}?token={TOKEN}", Secret(SECRET), name="down-hook"),
+             WebhookSink(f"{failing.url}/hook/{TOKEN}", Secret(SECRET), name="failing-hook"),
+             SlackSink(f"{failing.url}/services/{TOKEN}"), AlertmanagerSink(f"{failing.url}/{TOKEN}")]
+    d = dispatcher(sinks, RetryPolicy.instant(attempts=2))
+    d.submit(alert())
+    assert d.wait_idle(20)
+    assert len(gave_up(caplog)) == 4
+    text = caplog.text + "".join(str(r.args) for r in caplog.records) + repr(sinks)
+    assert SECRET not in text and TOKEN not in text
+    assert "down-hook" in text and "failing-hook" in text
+
+
+def test_submit_never_blocks_on_a_full_queue(dispatcher, caplog) -> None:
+    release = threading.Event()
+
+    class Stuck:
+        name = "stuck"
+
+        def send(self, a: Alert) -> None:
+            release.wait(10)
+
+    d = dispatcher([Stuck()], RetryPolicy.instant(), queue_size=1)
+    t0 = time.monotonic()
+    for i in range(20):
+        d.submit(alert(incident=f"inc-{i}"))
+    assert time.monotonic() - t0 < 0.5
+    release.set()
+    assert d.wait_idle(10)
+    assert any("queue full" in r.getMessage() for r in caplog.records)
+
+
+def test_close_cuts_a_long_backoff_short(dispatcher) -> None:
+    d = Dispatcher([WebhookSink(closed_port_url())], RetryPolicy(attempts=5, wait_initial=30, wait_max=30))
+    d.submit(alert())
+    time.sleep(0.2)  # first attempt fails, the worker now waits 30 s
+    t0 = time.monotonic()
+    assert d.close(timeout=0.2) is False  # not drained in time
+    assert time.monotonic() - t0 < 3
+    d.submit(alert("resolved"))  # after close: dropped, not raised
+
+
+def test_validation() -> None:
+    with pytest.raises(ValueError, match="unknown alert event"):
+        alert("exploded")
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)
+    with pytest.raises(ValueError, match="unique"):
+        Dispatcher([SlackSink("http://a"), SlackSink("http://b")])
