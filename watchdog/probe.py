@@ -91,6 +91,7 @@ class Prober:
         """(ok, answered, detail). ``answered`` is False when no response came before the deadline."""
         t0 = time.monotonic()
         with self._session_factory() as session:
+            session.trust_env = False  # straight to the engine, like the scrape
             try:
                 model = self.model or self._discover_model(session)
                 body: dict[str, Any] = {

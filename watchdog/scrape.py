@@ -77,6 +77,8 @@ class MetricsFetcher:
         self.limits = limits or ScrapeLimits()
         self.session = session or requests.Session()
         self.session.max_redirects = self.limits.max_redirects
+        # Talk to the engine directly: no proxy or netrc from the environment (and no env scan per request).
+        self.session.trust_env = False
         self._clock = clock
         self._wall = wall
 
