@@ -103,6 +103,8 @@ def summary(m: dict[str, Any]) -> str:
                      f"{'-' if p['moved'] is None else ('yes' if p['moved'] else 'no')} | "
                      f"{'-' if p['cpu_seconds_between_captures'] is None else p['cpu_seconds_between_captures']} | "
                      f"{frames or p['why']} |")
+    if m["capture_options"].get("locals"):
+        lines += ["", "**py-spy --locals was ON: these dumps may hold prompts and secrets. Share with care.**"]
     if m["problems"]:
         lines += ["", "## Capture problems", *[f"- {p}" for p in m["problems"]]]
     lines += ["", "Raw py-spy dumps are in `dumps/`; the metrics page in `metrics.txt`; see runbooks/frozen.md.", ""]

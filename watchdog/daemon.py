@@ -262,10 +262,9 @@ class Daemon:
             if not done.job.bundle:
                 self._checking.discard(engine)
                 self._event({**base, "event": "evidence_checked", **summary})
-                if f.decision != Decision.UNDECIDED:
-                    obs = StackEvidence(watcher.clock(), engine, f.decision == Decision.STUCK, f.reason,
-                                        captured_at=done.started)
-                    self._report(watcher, watcher.feed(obs))
+                stuck = None if f.decision == Decision.UNDECIDED else f.decision == Decision.STUCK
+                obs = StackEvidence(watcher.clock(), engine, stuck, f.reason, captured_at=done.started)
+                self._report(watcher, watcher.feed(obs))
             else:
                 self._event({**base, "event": "evidence_captured", "bundle": str(done.bundle) if done.bundle else None,
                              "error": done.error or None, **summary})

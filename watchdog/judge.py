@@ -64,7 +64,9 @@ class ProbeFinished:
 
 @dataclass(frozen=True, slots=True)
 class StackEvidence:
-    """A later stage's reading of the stacks: ``stuck`` confirms a suspicion, otherwise it clears it.
+    """A later stage's reading of the stacks: ``stuck`` True confirms a suspicion, False clears it, None means the
+    stacks could not decide (no py-spy, ptrace denied, an incomplete capture): the metric window decides, and its
+    verdict says so.
 
     ``t`` is when the reading arrived; ``captured_at`` when the stacks were taken (progress seen after that
     makes the reading stale). Left at 0, it means ``t``.
@@ -72,7 +74,7 @@ class StackEvidence:
 
     t: float
     engine: str
-    stuck: bool
+    stuck: bool | None
     reason: str
     captured_at: float = 0.0
 
@@ -127,6 +129,7 @@ class _Track:
     last_progress: float | None = None
     pending_since: float | None = None
     confirmed: StackEvidence | None = None
+    undecided: str = ""  # why the stacks could not decide during this stall
     ready: bool = False
     incarnation: int = 1
     verdict: Verdict | None = None
@@ -263,7 +266,7 @@ class Judge:
             tr.running, tr.waiting = r.running, r.waiting
         tr.counters, tr.kv = dict(r.counters), r.kv_usage
         if progress:
-            tr.last_progress, tr.confirmed = t, None
+            tr.last_progress, tr.confirmed, tr.undecided = t, None, ""
             if SERVING_COUNTERS & set(progress):
                 tr.ready = True
                 self.probe.stuck_since = None
@@ -283,8 +286,9 @@ class Judge:
             if tr.confirmed is not None and tr.confirmed.taken >= stall_start:
                 return self._set(tr, t, State.FROZEN, f"stacks confirm: {tr.confirmed.reason} ({work})", stalled)
             if stalled >= th.stall_window:
+                blind = f"; metrics only: the stacks could not decide ({tr.undecided})" if tr.undecided else ""
                 return self._set(tr, t, State.FROZEN,
-                                 f"no progress for {stalled:.0f}s with work pending ({work})", stalled)
+                                 f"no progress for {stalled:.0f}s with work pending ({work}){blind}", stalled)
             if stalled >= th.suspect_after:
                 return self._set(tr, t, State.SUSPECT, f"no progress for {stalled:.0f}s with work pending ({work}); "
                                  f"a long step or a freeze (frozen at {th.stall_window:g}s)", stalled)
@@ -343,6 +347,9 @@ class Judge:
             return []
         if tr.last_progress is not None and tr.last_progress > e.taken:
             return []  # the engine moved after these stacks were taken: they say nothing about now
+        if e.stuck is None:
+            tr.undecided = e.reason
+            return []
         if e.stuck:
             tr.confirmed = e
             return self._set(tr, e.t, State.FROZEN, f"stacks confirm: {e.reason}", tr.verdict.stalled_for)

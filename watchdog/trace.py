@@ -77,7 +77,8 @@ def from_record(rec: dict[str, Any]) -> Observation:
     if kind == "server_process":
         return ServerProcess(t, rec.get("pid"), float(rec.get("started") or 0), tuple(rec.get("titles", ())))
     if kind == "evidence":
-        return StackEvidence(t, rec["engine"], bool(rec["stuck"]), rec.get("reason", ""),
+        stuck = rec.get("stuck")
+        return StackEvidence(t, rec["engine"], None if stuck is None else bool(stuck), rec.get("reason", ""),
                              float(rec.get("captured_at") or 0))
     raise KeyError(f"unknown observation kind {kind!r}")
 

@@ -59,6 +59,11 @@ class Handler(BaseHTTPRequestHandler):
         if 200 <= status < 300:
             with self.server.lock:
                 self.server.received.append((self.path, dict(self.headers), body))
+                # kept in arrival order: this thread may record after the next request's thread
+                self.server.order.append(n)
+                pairs = sorted(zip(self.server.order, self.server.received, strict=True), key=lambda p: p[0])
+                self.server.order[:] = [k for k, _ in pairs]
+                self.server.received[:] = [r for _, r in pairs]
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -74,6 +79,7 @@ class Receiver(ThreadingHTTPServer):
         self.stop = threading.Event()
         self.hits = 0
         self.received: list[tuple[str, dict[str, str], bytes]] = []
+        self.order: list[int] = []
 
     @property
     def url(self) -> str:

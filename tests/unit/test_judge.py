@@ -340,3 +340,18 @@ def test_stack_evidence_is_stamped_when_it_arrives_and_stale_if_the_engine_moved
         j2.observe(page(t, running=1, gen=30))
     j2.observe(page(19, running=1, gen=31))
     assert j2.observe(StackEvidence(21, "0", stuck=True, reason="parked", captured_at=18.5)) == []
+
+
+def test_undecided_stacks_leave_it_to_the_window_and_the_verdict_says_so() -> None:
+    j = ready_judge()
+    j.observe(page(2, running=1, gen=30))
+    for t in range(3, 18):
+        j.observe(page(t, running=1, gen=30))
+    assert j.observe(StackEvidence(18, "0", stuck=None, reason="incomplete capture (py-spy was not found)",
+                                   captured_at=17)) == []
+    assert states(j) == {"0": State.SUSPECT}
+    for t in range(18, 45):
+        j.observe(page(t, running=1, gen=30))
+    v = j.verdicts()[0]
+    assert v.state == State.FROZEN
+    assert "metrics only: the stacks could not decide (incomplete capture (py-spy was not found))" in v.reason
