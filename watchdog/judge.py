@@ -271,7 +271,9 @@ class Judge:
                 tr.ready = True
                 self.probe.stuck_since = None
         page_pending = r.running > 0 or r.waiting > 0
-        probe_since = self._probe_pending_since()
+        # Before the first generation has succeeded, a slow probe is part of starting (the first generation after
+        # a start takes 3-20 s here: warm-up), not a stall; a start that never finishes is for the boot timeout.
+        probe_since = self._probe_pending_since() if tr.ready else None
         if page_pending or probe_since is not None:
             if tr.pending_since is None:
                 tr.pending_since = t if page_pending or probe_since is None else probe_since
@@ -299,7 +301,10 @@ class Judge:
             return self._set(tr, t, State.STARTING, "counters went backwards: the engine restarted")
         if not tr.ready:
             why = "answering; waiting for a first generation to prove the engine serves"
-            if self.probe.last_error:
+            first = self._probe_pending_since()
+            if first is not None:
+                why += f" (the first generation has been outstanding for {t - first:.0f}s)"
+            elif self.probe.last_error:
                 why += f" (last probe: {self.probe.last_error})"
             return self._set(tr, t, State.STARTING, why)
         return self._set(tr, t, State.IDLE, "no work pending")

@@ -355,3 +355,17 @@ def test_undecided_stacks_leave_it_to_the_window_and_the_verdict_says_so() -> No
     v = j.verdicts()[0]
     assert v.state == State.FROZEN
     assert "metrics only: the stacks could not decide (incomplete capture (py-spy was not found))" in v.reason
+
+
+def test_a_slow_first_generation_after_a_start_is_starting_not_a_stall() -> None:
+    """Measured: the first generation after vLLM starts answering takes 3-20 s (warm-up)."""
+    j = Judge(TH)
+    j.observe(page(0))
+    j.observe(ProbeStarted(0.1, 1))
+    for t in range(1, 120):
+        j.observe(page(t))
+        assert states(j) == {"0": State.STARTING}
+    assert "outstanding for 119s" in j.verdicts()[0].reason
+    j.observe(ProbeFinished(120, 1, ok=True, answered=True))
+    j.observe(page(121, gen=1, prompt=5))
+    assert states(j) == {"0": State.IDLE}
