@@ -66,7 +66,8 @@ def test_stopped_worker_under_load(vllm: Callable[..., VllmServer], fast_model: 
     assert tp1["state"] == "T" and tp1["class"] == "stopped" and tp1["nonblocking"]  # captured, not skipped
     assert tp1["frames"], "the stopped process's stack was read with --nonblocking"
     assert tp0["class"] == "in_collective", tp0
-    assert any("all_reduce" in f for f in functions(tp0))
+    # the layers' all_reduce, or the gather of the logits at the end of the step: whichever TP1 stopped short of
+    assert any(k in f for f in functions(tp0) for k in ("all_reduce", "all_gather", "gather", "broadcast")), tp0
     assert core["class"] == "engine_waiting_workers", core
     assert m["culprit"] == "Worker_TP1"
     assert m["poll_parking"]["status"] == "CONTRADICTED"
