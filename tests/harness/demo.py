@@ -36,7 +36,13 @@ def follow(w: WatchdogProcess, stop: threading.Event) -> None:
     while not stop.is_set():
         events = w.events()
         for e in events[shown:]:
-            say(f"  watchdog: engine {e['engine']}: {e['from'] or '-'} -> {e['to'].upper()}: {e['reason']}")
+            if e.get("event") == "transition":
+                say(f"  watchdog: engine {e['engine']}: {e['from'] or '-'} -> {e['to'].upper()}: {e['reason']}")
+            elif e.get("event") == "evidence_checked":
+                say(f"  watchdog: stacks of every rank say {e['decision']}: {e['reason']}")
+            elif e.get("event") == "evidence_captured":
+                say(f"  watchdog: incident bundle {e['bundle']} (culprit {e['culprit']}, "
+                    f"poll-parking {e['poll_parking']})")
         shown = len(events)
         time.sleep(0.2)
 
@@ -52,6 +58,18 @@ def check(url: str) -> None:
     out = json.loads(r.stdout)
     for e in out["engines"]:
         say(f"  `watchdog check` -> exit {r.returncode}: engine {e['engine']} {e['state']}: {e['reason']}")
+
+
+def show_bundle(w: WatchdogProcess) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        captured = [e for e in w.events() if e.get("event") == "evidence_captured" and e.get("bundle")]
+        if captured:
+            summary = Path(captured[0]["bundle"]) / "summary.md"
+            say(f"the incident's summary.md:\n\n{summary.read_text()}")
+            return
+        time.sleep(0.5)
+    say("no incident bundle within 60 s")
 
 
 def main() -> int:
@@ -81,9 +99,10 @@ def main() -> int:
                     event = watchdog.wait_for_state("frozen", 120, after=stopped)
                     say(
                         f"FROZEN detected {event_time(event) - stopped:.1f}s after the worker stopped "
-                        "(default settings: suspect at 15s, frozen at 40s; vLLM itself would act at 300s)"
+                        "(default settings: suspect at 15s, then the stacks decide; vLLM itself would act at 300s)"
                     )
                     check(server.url)
+                    show_bundle(watchdog)
                     say("continuing the worker (SIGCONT)")
                 watchdog.wait_for_state("working", 60, after=event_time(event))
             watchdog.wait_for_state("idle", 120, after=event_time(event))
