@@ -77,14 +77,12 @@ class Watcher:
         self.find_server = find_server
         self.sinks = sinks or []
         self.clock, self.wall = clock, wall
-        self.last_scrape: Scrape | None = None
 
     def tick(self) -> list[Transition]:
         out: list[Transition] = []
         if self.prober is not None and (done := self.prober.poll()) is not None:
             out += self.feed(done)
         scrape = self.fetcher.scrape()
-        self.last_scrape = scrape
         if self.find_server is not None and scrape.error_kind in ("refused", "unreachable"):
             out += self.feed(self.find_server())  # the port is closed: is a server for it booting?
         out += self.feed(scrape)
