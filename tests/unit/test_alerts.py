@@ -49,14 +49,9 @@ class Handler(BaseHTTPRequestHandler):
         status, delay = self.server.behaviour(n)
         if delay:
             self.server.stop.wait(delay)
-        try:
-            self.send_response(status)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-        except OSError:  # the client timed out and left
-            return
         if 200 <= status < 300:
+            # recorded before answering: once the client has its answer, the alert is here (a client that timed
+            # out meanwhile may still have reached us, as the module's docstring warns receivers)
             with self.server.lock:
                 self.server.received.append((self.path, dict(self.headers), body))
                 # kept in arrival order: this thread may record after the next request's thread
@@ -64,6 +59,13 @@ class Handler(BaseHTTPRequestHandler):
                 pairs = sorted(zip(self.server.order, self.server.received, strict=True), key=lambda p: p[0])
                 self.server.order[:] = [k for k, _ in pairs]
                 self.server.received[:] = [r for _, r in pairs]
+        try:
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+        except OSError:  # the client timed out and left
+            return
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -259,7 +261,6 @@ def test_slow_receiver_never_delays_submit_and_is_given_up(receiver, dispatcher,
     assert sink.calls == 4
     lines = gave_up(caplog)
     assert len(lines) == 2 and all("read timeout" in x and "2 attempts" in x for x in lines)
-    assert slow.received == []
 
 
 def test_slow_first_answer_is_retried_and_delivered(receiver, dispatcher, caplog) -> None:
@@ -267,7 +268,9 @@ def test_slow_first_answer_is_retried_and_delivered(receiver, dispatcher, caplog
     d = dispatcher([WebhookSink(slow_once.url, read_timeout=0.5)], RetryPolicy.instant(attempts=3))
     d.submit(alert())
     assert d.wait_idle(20)
-    assert len(slow_once.bodies()) == 1 and slow_once.hits == 2
+    assert slow_once.hits == 2
+    # the second attempt's copy is here; the first (slow) one may land too, later: receivers deduplicate
+    assert [b["event"] for b in slow_once.bodies()][:1] == ["stall_detected"]
     assert gave_up(caplog) == []
 
 
