@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import requests
 import tenacity
 
-from watchdog.config import Secret
+from watchdog.config import Config, Secret
 
 log = logging.getLogger(__name__)
 
@@ -371,3 +371,22 @@ class Dispatcher:
             w.thread.join(max(0.0, deadline - time.monotonic()))
         return drained and not any(w.thread.is_alive() for w in self._workers)
 
+
+
+def build_dispatcher(cfg: Config) -> Dispatcher | None:
+    """The configured sinks, their URLs and secrets read now (a missing one is a ConfigError); None if none."""
+    sinks: list[Sink] = []
+    for i, s in enumerate(cfg.alerts.sinks):
+        key = f"alerts.sinks[{i}]"
+        url = s.url or cfg.secret(f"{key}.url", s.url_env, s.url_file).reveal()
+        kw: dict[str, Any] = {"name": s.name or s.kind, "read_timeout": s.timeout}
+        if s.kind == "webhook":
+            secret = cfg.secret(f"{key}.secret", s.secret_env, s.secret_file)
+            sinks.append(WebhookSink(url, secret or None, **kw))
+        elif s.kind == "slack":
+            sinks.append(SlackSink(url, **kw))
+        else:
+            sinks.append(AlertmanagerSink(url, severity=s.severity, firing_ttl=s.firing_ttl or None, **kw))
+    if not sinks:
+        return None
+    return Dispatcher(sinks, RetryPolicy(attempts=cfg.alerts.attempts, total=cfg.alerts.retry_for))

@@ -141,9 +141,11 @@ class RestartSection:
     pre_start_timeout: float = 120.0
     dry_run: bool = False  # do everything except act
     supervised: bool = False  # the stack's own supervisor restarts an engine that exited: on down, only wait
+    down_after: float = 10.0  # down this long (not a blip) before it counts as an incident
     on_boot_timeout: bool = True  # restart when a start takes longer than boot_timeout
     boot_timeout: float = 2700.0  # from the restart to the first successful generation (large checkpoints)
     evidence_timeout: float = 90.0  # wait this long for a freeze's stacks before restarting without them
+    hold_max: float = 900.0  # stacks showed work but no progress since: restart after holding this long
     budget: int = 3  # restarts at most per budget_window
     budget_window: float = 3600.0
     backoff_initial: float = 60.0  # wait before the 2nd restart in the window, doubling after
@@ -368,7 +370,8 @@ def _validate(cfg: Config) -> None:
 
 def _validate_restart(cfg: Config) -> None:
     src, r = cfg.source, cfg.restart
-    for key in ("pre_start_timeout", "boot_timeout", "evidence_timeout", "budget_window"):
+    for key in ("pre_start_timeout", "boot_timeout", "evidence_timeout", "budget_window", "down_after",
+                "hold_max"):
         if not getattr(r, key) > 0:
             raise ConfigError(f"{src}: restart.{key} must be greater than 0, got {getattr(r, key)!r}")
     if r.budget < 0 or r.backoff_initial < 0 or r.backoff_max < r.backoff_initial:

@@ -83,62 +83,65 @@ class Prober:
         with self._lock:
             self._finished = finished
 
-    def _headers(self) -> dict[str, str]:
-        key = self._api_key.reveal()
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
     def _send(self) -> tuple[bool, bool, str]:
-        """(ok, answered, detail). ``answered`` is False when no response came before the deadline."""
-        t0 = time.monotonic()
         with self._session_factory() as session:
-            session.trust_env = False  # straight to the engine, like the scrape
-            try:
-                model = self.model or self._discover_model(session)
-                body: dict[str, Any] = {
-                    "model": model,
-                    "prompt": f"{uuid.uuid4().hex} liveness probe",
-                    "max_tokens": 1,
-                    "temperature": 0,
-                    "stream": False,
-                }
-                resp = session.post(f"{self.base}/v1/completions", json=body, headers=self._headers(),
-                                    timeout=(min(5.0, self.timeout), self.timeout))
-            except requests.exceptions.ReadTimeout:
-                return False, False, f"no answer within {self.timeout:g}s"
-            except requests.exceptions.ConnectionError as e:
-                if "Read timed out" in str(e) or "RemoteDisconnected" in str(e):
-                    return False, False, f"connection lost after {time.monotonic() - t0:.1f}s without an answer"
-                return False, True, "cannot connect to the server"
-            except _ModelLookupFailed as e:
-                return False, e.answered, str(e)
-            except requests.exceptions.RequestException as e:
-                return False, True, f"request failed: {type(e).__name__}"
-        elapsed = time.monotonic() - t0
-        if resp.status_code != 200:
-            return False, True, f"HTTP {resp.status_code} from /v1/completions: {resp.text[:160].strip()}"
-        try:
-            choices = resp.json().get("choices")
-        except ValueError:
-            return False, True, "HTTP 200 but the body is not JSON"
-        if not choices:
-            return False, True, "HTTP 200 but no choices in the answer"
-        return True, True, f"one token generated in {elapsed:.2f}s"
+            ok, answered, detail, self.model = generate_once(session, self.base, self.timeout, self.model,
+                                                             self._api_key)
+        return ok, answered, detail
 
-    def _discover_model(self, session: requests.Session) -> str:
-        try:
-            resp = session.get(f"{self.base}/v1/models", headers=self._headers(),
-                               timeout=(min(5.0, self.timeout), self.timeout))
-        except requests.exceptions.ReadTimeout:
-            raise _ModelLookupFailed(f"/v1/models gave no answer within {self.timeout:g}s", answered=False) from None
-        if resp.status_code != 200:
-            raise _ModelLookupFailed(f"HTTP {resp.status_code} from /v1/models (set probe.model, or the API key?)")
-        try:
-            data = resp.json()["data"]
-            model = str(data[0]["id"])
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise _ModelLookupFailed("/v1/models lists no model") from None
-        self.model = model
-        return model
+
+def generate_once(session: requests.Session, base: str, timeout: float, model: str = "",
+                  api_key: Secret | None = None) -> tuple[bool, bool, str, str]:
+    """One ``max_tokens=1`` generation: (ok, answered, detail, model). ``answered`` is False when no response came
+    before the deadline. An empty ``model`` is looked up in /v1/models (the returned one is then known)."""
+    key = api_key.reveal() if api_key else ""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    session.trust_env = False  # straight to the engine, like the scrape
+    t0 = time.monotonic()
+    try:
+        model = model or _discover_model(session, base, timeout, headers)
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": f"{uuid.uuid4().hex} liveness probe",
+            "max_tokens": 1,
+            "temperature": 0,
+            "stream": False,
+        }
+        resp = session.post(f"{base}/v1/completions", json=body, headers=headers, timeout=(min(5.0, timeout), timeout))
+    except requests.exceptions.ReadTimeout:
+        return False, False, f"no answer within {timeout:g}s", model
+    except requests.exceptions.ConnectionError as e:
+        if "Read timed out" in str(e) or "RemoteDisconnected" in str(e):
+            return False, False, f"connection lost after {time.monotonic() - t0:.1f}s without an answer", model
+        return False, True, "cannot connect to the server", model
+    except _ModelLookupFailed as e:
+        return False, e.answered, str(e), model
+    except requests.exceptions.RequestException as e:
+        return False, True, f"request failed: {type(e).__name__}", model
+    elapsed = time.monotonic() - t0
+    if resp.status_code != 200:
+        return False, True, f"HTTP {resp.status_code} from /v1/completions: {resp.text[:160].strip()}", model
+    try:
+        choices = resp.json().get("choices")
+    except ValueError:
+        return False, True, "HTTP 200 but the body is not JSON", model
+    if not choices:
+        return False, True, "HTTP 200 but no choices in the answer", model
+    return True, True, f"one token generated in {elapsed:.2f}s", model
+
+
+def _discover_model(session: requests.Session, base: str, timeout: float, headers: dict[str, str]) -> str:
+    try:
+        resp = session.get(f"{base}/v1/models", headers=headers, timeout=(min(5.0, timeout), timeout))
+    except requests.exceptions.ReadTimeout:
+        raise _ModelLookupFailed(f"/v1/models gave no answer within {timeout:g}s", answered=False) from None
+    if resp.status_code != 200:
+        raise _ModelLookupFailed(f"HTTP {resp.status_code} from /v1/models (set probe.model, or the API key?)")
+    try:
+        data = resp.json()["data"]
+        return str(data[0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise _ModelLookupFailed("/v1/models lists no model") from None
 
 
 class _ModelLookupFailed(Exception):

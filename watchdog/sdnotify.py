@@ -67,3 +67,5 @@ def setup_logging(level: str = "INFO") -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.handlers[:] = [handler]
+    # urllib3 logs each request line at DEBUG, with a webhook's path: Slack's holds its token
+    logging.getLogger("urllib3").setLevel(max(logging.INFO, root.level))

@@ -1,0 +1,94 @@
+"""The restart policy: pure decisions over what is known now. No I/O, no clock: time arrives as data.
+
+``choose`` answers one question for an open incident: restart now, wait, hold, give up, or only watch, and why.
+The restart budget (at most ``budget`` restarts per ``window`` seconds) and the backoff between restarts (tenacity's
+exponential wait: ``backoff_initial`` before the 2nd restart in the window, doubling, at most ``backoff_max``) are
+computed from the wall times of the restarts issued, which the daemon keeps on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import tenacity
+
+from watchdog.config import RestartSection
+
+
+class Choice(StrEnum):
+    RESTART = "restart"
+    WAIT = "wait"  # backoff: not yet
+    HOLD = "hold"  # the stacks show the engine working
+    GIVE_UP = "give_up"  # budget spent: a human is needed
+    AWAIT_SUPERVISOR = "await_supervisor"  # the stack's supervisor restarts it; watch for ready
+    OBSERVE = "observe"  # nothing to do by configuration, or after giving up
+    PAUSED = "paused"
+    DRY_RUN = "dry_run"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    choice: Choice
+    reason: str
+    not_before: float | None = None  # WAIT: the wall time the next restart is allowed
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    budget: int = 3
+    window: float = 3600.0
+    backoff_initial: float = 60.0
+    backoff_max: float = 900.0
+
+    @classmethod
+    def of(cls, section: RestartSection) -> Budget:
+        return cls(section.budget, section.budget_window, section.backoff_initial, section.backoff_max)
+
+    def recent(self, restarts: Sequence[float], now: float, reset_at: float = 0.0) -> list[float]:
+        return sorted(t for t in restarts if now - t < self.window and t >= reset_at)
+
+    def left(self, restarts: Sequence[float], now: float, reset_at: float = 0.0) -> int:
+        return max(0, self.budget - len(self.recent(restarts, now, reset_at)))
+
+    def backoff(self, issued: int) -> float:
+        """Seconds to wait after the last restart when ``issued`` restarts are already in the window."""
+        if issued <= 0 or self.backoff_initial <= 0:
+            return 0.0
+        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        state.attempt_number = issued
+        wait = tenacity.wait_exponential(multiplier=self.backoff_initial, max=self.backoff_max)
+        return float(wait(state))
+
+    def next_allowed(self, restarts: Sequence[float], now: float, reset_at: float = 0.0) -> float:
+        recent = self.recent(restarts, now, reset_at)
+        return recent[-1] + self.backoff(len(recent)) if recent else now
+
+
+def choose(kind: str, *, budget: Budget, restarts: Sequence[float], now: float, reset_at: float = 0.0,
+           stacks_working: bool = False, paused: bool = False, dry_run: bool = False, gave_up: bool = False,
+           has_steps: bool = True, supervised: bool = False, on_boot_timeout: bool = True) -> Decision:
+    """What to do about an open incident of ``kind`` (frozen | down | boot_timeout), confirmed still bad now."""
+    if paused:
+        return Decision(Choice.PAUSED, "paused for maintenance: no action (`watchdog resume` ends it)")
+    if gave_up:
+        return Decision(Choice.OBSERVE, "gave up earlier: observe only until `watchdog reset`")
+    if kind == "frozen" and stacks_working:
+        return Decision(Choice.HOLD, "the stacks show the engine working (moving between captures): holding")
+    if kind == "down" and supervised:
+        return Decision(Choice.AWAIT_SUPERVISOR, "the stack's supervisor restarts it: waiting for it to serve")
+    if kind == "boot_timeout" and not on_boot_timeout:
+        return Decision(Choice.OBSERVE, "restart.on_boot_timeout is off: alert only")
+    if not has_steps:
+        return Decision(Choice.OBSERVE, "no restart steps configured: alert only")
+    if dry_run:
+        return Decision(Choice.DRY_RUN, "dry run: the restart is described, not run")
+    if budget.left(restarts, now, reset_at) <= 0:
+        return Decision(Choice.GIVE_UP, f"restart budget spent ({budget.budget} in {budget.window:g}s): "
+                        "a human is needed")
+    not_before = budget.next_allowed(restarts, now, reset_at)
+    if now < not_before:
+        return Decision(Choice.WAIT, f"backoff: next restart allowed in {not_before - now:.0f}s", not_before)
+    return Decision(Choice.RESTART, f"restarting ({budget.left(restarts, now, reset_at)} of {budget.budget} "
+                    f"left in the budget window)")

@@ -1,0 +1,278 @@
+"""The act stage: incidents from verdicts, alerts, and the restart decision, one stack at a time.
+
+Every pass the daemon hands over the judge's verdicts. An incident opens when an engine is frozen, down for
+``down_after`` seconds, or starting for longer than the boot timeout. Then, in order:
+
+1. alert (``stall_detected`` or ``engine_down``); a freeze waits for its stacks (``evidence_captured``) at most
+   ``evidence_timeout`` seconds;
+2. confirm it is still bad with this pass's verdicts, and ask the policy (`watchdog.policy.choose`): restart, wait
+   (backoff), hold (the stacks show work), give up (budget spent), or only watch (paused, dry run, nothing
+   configured);
+3. a restart runs in the background (`watchdog.recovery`); the policy is paused for the stack until the engine
+   serves again (``recovered``, then ``resolved``) or not (``restart_failed``, and back to 2).
+
+An incident that clears by itself is ``resolved``. The open incident and the restarts issued are written to the
+state directory before anything is acted on, so a watchdog restarted mid-recovery resumes waiting instead of
+restarting again. While paused nothing is acted on and no alert is sent; events are still written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from watchdog.alerts import Alert
+from watchdog.config import Config
+from watchdog.judge import State, Verdict
+from watchdog.policy import Budget, Choice, choose
+from watchdog.recovery import Progress, RecoveryDone, RecoveryJob
+from watchdog.scrape import base_url
+from watchdog.state import Control, Incident, Memory, load_control, load_memory, save_memory
+
+log = logging.getLogger(__name__)
+
+ACTIVE = ("restarting", "proving")
+
+
+class AlertSender(Protocol):
+    def submit(self, alert: Alert) -> None: ...
+
+
+class Recoverer(Protocol):
+    @property
+    def busy(self) -> bool: ...
+    progress: Progress | None
+    def start(self, job: RecoveryJob) -> None: ...
+    def poll(self) -> RecoveryDone | None: ...
+
+
+def incident_id(wall: float, stack: str, engine: str) -> str:
+    return f"{datetime.fromtimestamp(wall, UTC):%Y%m%dT%H%M%SZ}-{stack}-{engine}"
+
+
+class Responder:
+    def __init__(self, cfg: Config, state_dir: Path, alerts: AlertSender, recovery: Recoverer,
+                 event: Callable[[dict[str, Any]], None], plan: list[str] | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.cfg, self.r, self.state_dir = cfg, cfg.restart, state_dir
+        self.alerts, self.recovery, self.event, self.wall = alerts, recovery, event, wall
+        self.plan = plan or []
+        self.budget = Budget.of(cfg.restart)
+        self.memory: Memory = load_memory(state_dir)
+        self.control = Control()
+        self._evidence_wait_until = 0.0
+        self._said = ""  # the last decision announced for the open incident (announce each once)
+        self._verdicts: dict[str, Verdict] = {}
+
+    # -- the pass --------------------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        """After a restart of the watchdog: an incident caught mid-recovery goes on waiting, never restarts."""
+        inc = self.memory.incident
+        if inc is None:
+            return
+        log.warning("resuming incident %s (%s, phase %s) from %s", inc.id, inc.kind, inc.phase, self.state_dir)
+        self._event(inc, "incident_resumed", phase=inc.phase)
+        if inc.phase in ACTIVE:
+            started = inc.restart_started or inc.detected
+            inc.phase = "proving"
+            self._save()
+            self.recovery.start(RecoveryJob(inc.id, False, started + self.r.boot_timeout))
+
+    def step(self, verdicts: list[Verdict], mono: float) -> None:
+        now = self.wall()
+        self.control = load_control(self.state_dir)
+        self._verdicts = {v.engine: v for v in verdicts}
+        if (done := self.recovery.poll()) is not None:
+            self._recovery_done(done, now)
+        inc = self.memory.incident
+        if inc is None:
+            if (opened := self._trouble(verdicts, mono)) is not None:
+                self._open(*opened, now)
+            return
+        if inc.phase in ACTIVE:
+            return  # judgement of this stack is paused until the recovery reports
+        if self._cleared(inc):
+            self._resolve(inc, now, "the engine serves again without a restart")
+            return
+        if inc.phase == "evidence" and now < self._evidence_wait_until:
+            return
+        if self._confirmed(inc):
+            self._decide(inc, now)
+
+    def evidence(self, engine: str, decision: str | None, bundle: str | None, details: dict[str, Any],
+                 final: bool = True) -> None:
+        """The freeze's stacks: ``decision`` stuck | working | undecided, None when they could not be taken.
+
+        ``final`` marks the freeze's own bundle (or its failure), which the incident waits for; an earlier check
+        is only remembered."""
+        inc = self.memory.incident
+        if inc is None or inc.engine != engine or inc.kind != "frozen":
+            return
+        inc.evidence, inc.bundle = decision or inc.evidence, bundle or inc.bundle
+        if final and inc.phase == "evidence":
+            inc.phase = "open"
+        self._save()
+        if final:
+            self._alert(inc, "evidence_captured", f"stacks: {decision or 'not taken'}",
+                        {"kind": inc.kind, "verdict": decision, "bundle": bundle, **details})
+
+    # -- opening, deciding, closing --------------------------------------------------------------------
+
+    def _trouble(self, verdicts: list[Verdict], mono: float) -> tuple[str, Verdict] | None:
+        for v in verdicts:
+            if v.state == State.FROZEN:
+                return "frozen", v
+        for v in verdicts:
+            if v.state == State.DOWN and mono - v.since >= self.r.down_after:
+                return "down", v
+            if v.state == State.STARTING and mono - v.since >= self.r.boot_timeout:
+                return "boot_timeout", v
+        return None
+
+    def _open(self, kind: str, v: Verdict, now: float) -> None:
+        inc = Incident(incident_id(now, self.cfg.engine.name, v.engine), v.engine, kind, now, v.reason)
+        inc.phase = "evidence" if kind == "frozen" and self.cfg.capture.enabled else "open"
+        self._evidence_wait_until = now + self.r.evidence_timeout
+        self.memory.incident, self._said = inc, ""
+        self._save()
+        self._event(inc, "incident_opened", reason=v.reason)
+        if kind == "down":
+            self._alert(inc, "engine_down", v.reason, {"kind": kind})
+        else:
+            self._alert(inc, "stall_detected", v.reason, {"kind": kind, "stalled_for": round(v.stalled_for, 1)})
+        if inc.phase == "open":
+            self._decide(inc, now)
+
+    def _cleared(self, inc: Incident) -> bool:
+        """Serving again by itself: progress or a successful generation (stacks alone do not count)."""
+        v = self._verdicts.get(inc.engine)
+        return v is not None and v.state in (State.WORKING, State.IDLE) and not v.reason.startswith("stacks show")
+
+    def _confirmed(self, inc: Incident) -> bool:
+        """Still bad in this pass's verdicts: the last check before acting."""
+        v = self._verdicts.get(inc.engine)
+        if v is None:
+            return inc.kind == "down"  # the engine's series are gone with the server
+        wanted = {"frozen": (State.FROZEN, State.DOWN), "down": (State.DOWN,), "boot_timeout": (State.STARTING,)}
+        return v.state in wanted[inc.kind]
+
+    def _decide(self, inc: Incident, now: float) -> None:
+        paused = self.control.is_paused(now)
+        working = inc.evidence == "working"
+        if working and inc.held_since is not None and now - inc.held_since >= self.r.hold_max:
+            working = False
+            if self._said != "held too long":
+                self._said = "held too long"
+                self._event(inc, "hold_ended", reason=f"held {now - inc.held_since:.0f}s without progress")
+        gave_up = self.memory.gave_up is not None and self.memory.gave_up.get("at", 0) >= self.control.reset_at
+        d = choose(inc.kind, budget=self.budget, restarts=self.memory.restarts, now=now,
+                   reset_at=self.control.reset_at, stacks_working=working, paused=paused,
+                   dry_run=self.r.dry_run, gave_up=gave_up, has_steps=bool(self.r.steps),
+                   supervised=self.r.supervised, on_boot_timeout=self.r.on_boot_timeout)
+        if d.choice == Choice.RESTART:
+            self._restart(inc, now)
+            return
+        if d.choice == Choice.AWAIT_SUPERVISOR:
+            inc.phase = "proving"
+            self._save()
+            self._event(inc, "awaiting_supervisor", reason=d.reason)
+            self.recovery.start(RecoveryJob(inc.id, False, now + self.r.boot_timeout))
+            return
+        if d.choice == Choice.HOLD and inc.held_since is None:
+            inc.held_since = now
+        if d.choice == Choice.GIVE_UP and inc.phase == "gave_up":
+            return
+        if d.choice == Choice.GIVE_UP:
+            inc.phase = "gave_up"
+            self.memory.gave_up = {"at": now, "incident": inc.id, "reason": d.reason}
+            self._save()
+            self._event(inc, "gave_up", reason=d.reason)
+            self._alert(inc, "gave_up", f"gave up, a human is needed: {d.reason}",
+                        {"kind": inc.kind, "restarts_in_window": len(self.budget.recent(self.memory.restarts, now))})
+            return
+        said = f"{d.choice.value}: {d.reason.split(':')[0]}"
+        if said != self._said:  # announce each decision once, not every pass
+            self._said = said
+            inc.phase = {Choice.HOLD: "held", Choice.WAIT: "waiting"}.get(d.choice, "observing")
+            self._save()
+            extra: dict[str, Any] = {"plan": self.plan} if d.choice == Choice.DRY_RUN else {}
+            self._event(inc, f"restart_{'held' if d.choice == Choice.HOLD else 'not_run'}", choice=d.choice.value,
+                        reason=d.reason, **extra)
+            log.warning("incident %s: %s", inc.id, d.reason)
+
+    def _restart(self, inc: Incident, now: float) -> None:
+        inc.phase, inc.attempts, inc.restart_started = "restarting", inc.attempts + 1, now
+        self.memory.restarts = [*self.budget.recent(self.memory.restarts, now), now]
+        self._save()  # on disk before acting: a crash from here on resumes, never restarts twice
+        left = self.budget.left(self.memory.restarts, now, self.control.reset_at)
+        self._event(inc, "restart_started", attempt=inc.attempts, budget_left=left, plan=self.plan)
+        self._alert(inc, "restart_started", f"restart {inc.attempts} issued ({left} left in the budget)",
+                    {"kind": inc.kind, "attempt": inc.attempts, "budget_left": left})
+        self.recovery.start(RecoveryJob(inc.id, True, now + self.r.boot_timeout))
+
+    def _recovery_done(self, done: RecoveryDone, now: float) -> None:
+        inc = self.memory.incident
+        if inc is None or inc.id != done.job.incident:
+            return
+        if done.ok:
+            ready = done.ready_at or now
+            downtime = round(ready - inc.detected, 1)
+            self._event(inc, "recovered", downtime=downtime, detail=done.detail)
+            self._alert(inc, "recovered", f"serving again after {downtime:.0f}s ({done.detail})",
+                        {"kind": inc.kind, "downtime": downtime, "restart_took": round(done.steps_duration, 1),
+                         "attempts": inc.attempts})
+            self._resolve(inc, now, "recovered")
+            return
+        inc.phase, self._said = "open", ""
+        self._save()
+        self._event(inc, "restart_failed", stage=done.stage, error=done.detail)
+        self._alert(inc, "restart_failed", f"{done.stage}: {done.detail}",
+                    {"kind": inc.kind, "stage": done.stage, "error": done.detail, "attempt": inc.attempts})
+
+    def _resolve(self, inc: Incident, now: float, how: str) -> None:
+        self.memory.incident = None
+        self._save()
+        self._event(inc, "resolved", how=how, lasted=round(now - inc.detected, 1))
+        self._alert(inc, "resolved", how, {"kind": inc.kind, "lasted": round(now - inc.detected, 1)}, resolved=True)
+
+    # -- output ----------------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        try:
+            save_memory(self.state_dir, self.memory)
+        except OSError as e:
+            log.error("cannot write the recovery state to %s: %s (a restarted watchdog will not know it)",
+                      self.state_dir, e.strerror)
+
+    def _event(self, inc: Incident, name: str, **fields: object) -> None:
+        self.event({"event": name, "incident": inc.id, "engine": inc.engine, "kind": inc.kind, **fields})
+
+    def _alert(self, inc: Incident, event: str, summary: str, details: dict[str, Any],
+               resolved: bool = False) -> None:
+        if self.control.is_paused(self.wall()):
+            self._event(inc, "alert_suppressed", alert=event, why="paused")
+            return
+        v = self._verdicts.get(inc.engine)
+        state = inc.phase if inc.phase in ACTIVE else (v.state.value if v else "unknown")
+        self.alerts.submit(Alert(event, inc.id, inc.engine, self.cfg.engine.name, base_url(self.cfg.engine.url),
+                                 "serving" if resolved else state, summary, details, self.wall(), resolved))
+
+    def status(self, now: float) -> dict[str, Any]:
+        inc, progress = self.memory.incident, self.recovery.progress
+        until = self.control.paused_until
+        return {
+            "incident": None if inc is None else {"id": inc.id, "engine": inc.engine, "kind": inc.kind,
+                                                  "phase": inc.phase, "attempts": inc.attempts, "bundle": inc.bundle},
+            "recovery": None if progress is None else {"phase": progress.phase,
+                                                       "seconds": round(now - progress.since, 1),
+                                                       "tries": progress.tries, "last_try": progress.last_try},
+            "paused": self.control.is_paused(now), "paused_until": until, "pause_reason": self.control.reason,
+            "budget_left": self.budget.left(self.memory.restarts, now, self.control.reset_at),
+            "budget": self.r.budget, "gave_up": self.memory.gave_up, "dry_run": self.r.dry_run,
+            "restart_configured": bool(self.r.steps),
+        }

@@ -1,0 +1,144 @@
+"""What the watchdog remembers across its own restarts, and the operator's switches, as small JSON files.
+
+In the state directory, each written whole (temp file, fsync, rename) by one writer only:
+
+- ``control.json``  the operator's switches, written by ``watchdog pause / resume / reset``, read by the daemon
+  every pass: paused (until when, why), and the time of the last budget reset;
+- ``recovery.json`` the daemon's memory: the restarts within the budget window, whether it gave up, and the open
+  incident with its phase, so a watchdog restarted between ``restart_started`` and ``recovered`` neither restarts
+  twice nor loses the incident;
+- ``status.json``   what the daemon is doing now, rewritten every pass, for ``watchdog status``.
+
+A file that cannot be parsed is moved aside (``*.corrupt-<time>``, kept for a human) with a loud log line, and
+the watchdog goes on from empty: it never stops watching because of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+CONTROL, RECOVERY, STATUS = "control.json", "recovery.json", "status.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    paused: bool = False
+    paused_until: float | None = None  # wall time; None while paused means until `watchdog resume`
+    reason: str = ""
+    paused_at: float = 0.0
+    reset_at: float = 0.0  # restarts and a give-up before this no longer count
+
+    def is_paused(self, now: float) -> bool:
+        return self.paused and (self.paused_until is None or now < self.paused_until)
+
+
+@dataclass(slots=True)
+class Incident:
+    id: str
+    engine: str
+    kind: str  # frozen | down | boot_timeout
+    detected: float  # wall time the problem was detected
+    reason: str = ""
+    phase: str = "open"  # open | evidence | held | waiting | restarting | proving | gave_up | observing
+    attempts: int = 0  # restarts issued for this incident
+    restart_started: float | None = None  # wall time of the restart in flight
+    bundle: str | None = None
+    evidence: str | None = None  # the stacks' decision: stuck | working | undecided
+    held_since: float | None = None  # wall time the restart was first held because the stacks showed work
+
+
+@dataclass(slots=True)
+class Memory:
+    restarts: list[float] = field(default_factory=list)  # wall times of restarts issued
+    gave_up: dict[str, Any] | None = None  # {"at", "incident", "reason"} until reset
+    incident: Incident | None = None
+
+
+def write_json(path: Path, obj: object) -> None:
+    """Replace ``path`` whole: readers see the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The file's object, None when absent; an unreadable file is moved aside and reads as absent."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        obj = json.loads(text)
+        if not isinstance(obj, dict) or obj.get("version") != VERSION:
+            raise ValueError(f"not a version {VERSION} state object")
+        return obj
+    except ValueError as e:
+        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+        log.error("state file %s cannot be used (%s); moved to %s, starting from empty", path, e, aside)
+        return None
+
+
+def _pick(cls: type, obj: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in obj.items() if k in names}
+
+
+def load_control(state_dir: Path) -> Control:
+    obj = read_json(state_dir / CONTROL)
+    try:
+        return Control(**_pick(Control, obj)) if obj else Control()
+    except TypeError:
+        return Control()
+
+
+def save_control(state_dir: Path, control: Control) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+    write_json(state_dir / CONTROL, {"version": VERSION, **asdict(control)})
+
+
+def load_memory(state_dir: Path) -> Memory:
+    obj = read_json(state_dir / RECOVERY)
+    if not obj:
+        return Memory()
+    try:
+        inc = obj.get("incident")
+        return Memory(restarts=[float(x) for x in obj.get("restarts", [])], gave_up=obj.get("gave_up"),
+                      incident=Incident(**_pick(Incident, inc)) if isinstance(inc, dict) else None)
+    except (TypeError, ValueError) as e:
+        log.error("%s: %s; starting from empty", state_dir / RECOVERY, e)
+        return Memory()
+
+
+def save_memory(state_dir: Path, memory: Memory) -> None:
+    write_json(state_dir / RECOVERY, {"version": VERSION, "restarts": memory.restarts, "gave_up": memory.gave_up,
+                                      "incident": asdict(memory.incident) if memory.incident else None})
+
+
+def save_status(state_dir: Path, status: dict[str, Any]) -> None:
+    write_json(state_dir / STATUS, {"version": VERSION, **status})
+
+
+def load_status(state_dir: Path) -> dict[str, Any] | None:
+    return read_json(state_dir / STATUS)
