@@ -1,4 +1,5 @@
-"""The `watchdog` command: check, run, record, replay; dump, explain, incidents, show, report."""
+"""The `watchdog` command: check, run, record, replay; dump, explain, incidents, show, report; pause, resume, reset,
+status."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from watchdog import __version__, triage
+from watchdog import __version__, operate, triage
 from watchdog.config import Config, ConfigError, load
 from watchdog.daemon import Daemon, build_watcher, iso
 from watchdog.judge import State, Verdict, worst
@@ -39,7 +40,8 @@ def _config(args: argparse.Namespace) -> Config:
     engine: dict[str, Any] = {"url": getattr(args, "url", None)}
     state: dict[str, Any] = {"dir": str(args.state_dir) if getattr(args, "state_dir", None) else None}
     exporter: dict[str, Any] = {"port": getattr(args, "metrics_port", None)}
-    return cfg.with_overrides(engine=engine, state=state, exporter=exporter)
+    restart: dict[str, Any] = {"dry_run": True if getattr(args, "dry_run", False) else None}
+    return cfg.with_overrides(engine=engine, state=state, exporter=exporter, restart=restart)
 
 
 def _verdict_json(v: Verdict, now: float) -> dict[str, Any]:
@@ -152,6 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     common(r, state_dir=True)
     r.add_argument("--metrics-port", type=int, help="port for the watchdog's own metrics (0: off)")
     r.add_argument("--once", action="store_true", help="one pass, then exit")
+    r.add_argument("--dry-run", action="store_true", help="everything except acting: restarts are only described")
     r.set_defaults(func=cmd_run)
 
     rec = sub.add_parser("record", help="record what the judgement sees, for replay")
@@ -183,6 +186,8 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="tally verdicts across all incident bundles")
     common(rep, url=False, state_dir=True, as_json=True)
     rep.set_defaults(func=lambda a: triage.cmd_report(_config(a), a))
+
+    operate.add_commands(sub, common, _config)
 
     rp = sub.add_parser("replay", help="run the judgement over a recorded trace; print transitions as JSON lines")
     rp.add_argument("trace")

@@ -8,6 +8,7 @@ import logging
 import os
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,10 +16,14 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Protocol
 
-from watchdog.config import Config
+import requests
+
+from watchdog.alerts import Alert, Dispatcher, build_dispatcher
+from watchdog.config import Config, Secret
 from watchdog.discover import server_for_port
 from watchdog.evidence import Decision
 from watchdog.exporter import Exporter
+from watchdog.heartbeat import Heartbeat
 from watchdog.investigate import EvidenceJob, EvidenceRunner, Investigator
 from watchdog.judge import (
     Judge,
@@ -31,9 +36,13 @@ from watchdog.judge import (
     Transition,
     Verdict,
 )
-from watchdog.probe import Prober
+from watchdog.probe import Prober, generate_once
+from watchdog.recovery import RecoveryRunner
+from watchdog.respond import Responder
+from watchdog.restart import Restarter, RestartOutcome, describe
 from watchdog.scrape import MetricsFetcher, Scrape, base_url
 from watchdog.sdnotify import Notifier
+from watchdog.state import save_status
 from watchdog.trace import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -144,6 +153,11 @@ def status_line(verdicts: list[Verdict]) -> str:
     return "; ".join(f"engine {v.engine}: {v.state.value}" for v in verdicts)
 
 
+class _NoAlerts:
+    def submit(self, alert: Alert) -> None:
+        log.debug("no alert sink configured: %s for incident %s not sent", alert.event, alert.incident_id)
+
+
 class Daemon:
     """``watchdog run``: the watcher every interval until SIGTERM/SIGINT, with events, trace and metrics."""
 
@@ -159,6 +173,10 @@ class Daemon:
         self.evidence: EvidenceRunner | None = None
         self._checking: set[str] = set()  # engines whose stacks are being checked on suspicion
         self._bundled: set[str] = set()  # engines whose current freeze already has (or awaits) a bundle
+        self.alerts: Dispatcher | None = None
+        self.responder: Responder | None = None
+        self.recovery: RecoveryRunner | None = None
+        self.heartbeat: Heartbeat | None = None
 
     def run(self, once: bool = False) -> int:
         self._open_state()
@@ -173,6 +191,8 @@ class Daemon:
             for problem in investigator.preflight():
                 log.warning("evidence capture: %s", problem)
             self.evidence = EvidenceRunner(investigator)
+        if not once:
+            self._start_response()
         self._install_signals()
         log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s",
                  watcher.fetcher.url if isinstance(watcher.fetcher, MetricsFetcher) else self.cfg.engine.url,
@@ -184,6 +204,7 @@ class Daemon:
                 started = time.monotonic()
                 self._report(watcher, watcher.tick())
                 self._collect_evidence(watcher)
+                self._respond(watcher)
                 if not ready:
                     self.notifier.ready(status_line(watcher.judge.verdicts()))
                     ready = True
@@ -199,6 +220,10 @@ class Daemon:
             self.notifier.stopping()
             if self.evidence is not None:
                 self.evidence.stop()
+            if self.recovery is not None:
+                self.recovery.stop()
+            if self.alerts is not None:
+                self.alerts.close(timeout=5.0)
             self._restore_signals()
             self._close_state()
         if self._stop_signal is not None:
@@ -254,6 +279,8 @@ class Daemon:
             if f is None:
                 self._checking.discard(engine)
                 self._event({**base, "event": "evidence_failed", "error": done.error})
+                if self.responder is not None and done.job.bundle:
+                    self.responder.evidence(engine, None, None, {"error": done.error})
                 continue
             summary = {"decision": f.decision.value, "reason": f.reason, "culprit": f.cross_rank.culprit,
                        "poll_parking": f.hypothesis.status.value, "complete": f.complete}
@@ -264,8 +291,66 @@ class Daemon:
                 obs = StackEvidence(watcher.clock(), engine, stuck, f.reason, captured_at=done.started)
                 self._report(watcher, watcher.feed(obs))
             else:
-                self._event({**base, "event": "evidence_captured", "bundle": str(done.bundle) if done.bundle else None,
-                             "error": done.error or None, **summary})
+                bundle = str(done.bundle) if done.bundle else None
+                self._event({**base, "event": "evidence_captured", "bundle": bundle, "error": done.error or None,
+                             **summary})
+            if self.responder is not None:
+                details = {k: v for k, v in summary.items() if k != "decision"}
+                if done.error:
+                    details["error"] = done.error
+                self.responder.evidence(engine, f.decision.value, str(done.bundle) if done.bundle else None,
+                                        details, final=done.job.bundle)
+
+    # -- act: incidents, alerts, restarts --------------------------------------------------------------------
+
+    def _start_response(self) -> None:
+        cfg = self.cfg
+        self.alerts = build_dispatcher(cfg)
+        hb_url = cfg.alerts.heartbeat_url or cfg.secret("alerts.heartbeat_url", cfg.alerts.heartbeat_url_env,
+                                                         cfg.alerts.heartbeat_url_file).reveal()
+        if hb_url:
+            self.heartbeat = Heartbeat(Secret(hb_url), cfg.alerts.heartbeat_interval)
+        restarter = Restarter(cfg.restart) if cfg.restart.steps else None
+        session, api_key, base = requests.Session(), cfg.api_key(), base_url(cfg.engine.url)
+
+        def generate() -> tuple[bool, bool, str]:
+            ok, answered, detail, _model = generate_once(session, base, cfg.probe.timeout, cfg.probe.model, api_key)
+            return ok, answered, detail
+
+        def restart(cancel: threading.Event) -> RestartOutcome:
+            if restarter is None:
+                raise RuntimeError("no restart steps configured")
+            return restarter.run(cancel)
+
+        self.recovery = RecoveryRunner(restart, generate, cfg.probe.retry)
+        plan = describe(cfg.restart) if cfg.restart.steps else []
+        self.responder = Responder(cfg, self.state_dir, self.alerts or _NoAlerts(), self.recovery, self._act_event,
+                                   plan)
+        if cfg.restart.dry_run:
+            log.warning("dry run: restarts are described in events, never run")
+        self.responder.resume()
+
+    def _act_event(self, record: dict[str, object]) -> None:
+        self.exporter.observe_event(str(record["event"]))
+        self._event({"time": iso(time.time()), "stack": self.cfg.engine.name, **record})
+
+    def _respond(self, watcher: Watcher) -> None:
+        verdicts = watcher.judge.verdicts()
+        if self.responder is None:
+            return
+        self.responder.step(verdicts, watcher.clock())
+        status = self.responder.status(time.time())
+        self.exporter.set_response(status)
+        if self.heartbeat is not None:
+            self.heartbeat.beat(watcher.clock(), bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
+        status.update({"pid": os.getpid(), "time": time.time(), "stack": self.cfg.engine.name,
+                       "url": base_url(self.cfg.engine.url), "interval": self.cfg.scrape.interval,
+                       "engines": [{"engine": v.engine, "state": v.state.value, "reason": v.reason,
+                                    "for_seconds": round(watcher.clock() - v.since, 1)} for v in verdicts]})
+        try:
+            save_status(self.state_dir, status)
+        except OSError as e:
+            log.warning("cannot write %s/status.json: %s", self.state_dir, e.strerror)
 
     def _open_state(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)

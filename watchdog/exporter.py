@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.process_collector import ProcessCollector
@@ -34,6 +35,16 @@ class Exporter:
                                    ["engine", "from_state", "to_state"], registry=r)
         self.last_scrape = Gauge("watchdog_last_scrape_timestamp_seconds", "Wall time of the last scrape",
                                  registry=r)
+        self.paused = Gauge("watchdog_paused", "1 while paused for maintenance (no action, no alert)", registry=r)
+        self.budget_left = Gauge("watchdog_restart_budget_remaining", "Restarts left in the budget window",
+                                 registry=r)
+        self.gave_up = Gauge("watchdog_gave_up", "1 after the budget was spent: observe only until reset", registry=r)
+        self.recovering = Gauge("watchdog_recovery_seconds",
+                                "Seconds into the recovery in progress, by phase (restarting, proving); 0 when none",
+                                ["phase"], registry=r)
+        self.incident_open = Gauge("watchdog_incident_open", "1 while an incident is open", registry=r)
+        self.actions = Counter("watchdog_incident_events", "Incident events (restart_started, recovered, ...)",
+                               ["event"], registry=r)
         self.port = 0
 
     def serve(self, listen: str, port: int) -> int:
@@ -63,3 +74,15 @@ class Exporter:
             self.since_progress.labels(v.engine).set(
                 float("nan") if v.last_progress is None else max(0.0, now - v.last_progress))
             self.stalled.labels(v.engine).set(v.stalled_for)
+
+    def set_response(self, status: dict[str, Any]) -> None:
+        self.paused.set(1.0 if status.get("paused") else 0.0)
+        self.budget_left.set(float(status.get("budget_left", 0)))
+        self.gave_up.set(1.0 if status.get("gave_up") else 0.0)
+        self.incident_open.set(1.0 if status.get("incident") else 0.0)
+        rec = status.get("recovery") or {}
+        for phase in ("restarting", "proving"):
+            self.recovering.labels(phase).set(float(rec.get("seconds", 0.0)) if rec.get("phase") == phase else 0.0)
+
+    def observe_event(self, name: str) -> None:
+        self.actions.labels(name).inc()
