@@ -22,6 +22,8 @@ class EngineModel:
     prompt: float = 0
     probe: str = "ok"  # ok | hang | error
     probes: int = 0
+    restarts: int = 0  # POSTs to /_control/restart (what a restart command does to this fake)
+    after_restart_running: float = 0  # work pending right after a restart (>0 with no progress: frozen again)
     lock: threading.Lock = field(default_factory=threading.Lock)
     release: threading.Event = field(default_factory=threading.Event)
 
@@ -64,11 +66,22 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         m = self.server.model
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.path == "/_control/restart":  # a new incarnation: counters from zero
+            with m.lock:
+                m.restarts += 1
+                m.gen = m.prompt = m.kv = 0
+                m.running, m.waiting = m.after_restart_running, 0
+                m.probe = "ok"
+            self._send(200, "restarted")
+            return
         if self.path != "/v1/completions":
             self._send(404, "not found")
             return
         if m.probe == "hang":
             m.release.wait(30)
+            if m.probe != "hang":  # released by a restart: that connection died with the old incarnation
+                self._send(503, "restarted")
+                return
         if m.probe == "error":
             self._send(500, "engine error")
             return
