@@ -1,0 +1,100 @@
+"""A restart command for the watchdog's ``command`` strategy in tests: stop the vLLM whose process group is in a
+pid file, start a new one in a session of its own, write its pid, exit (readiness is the watchdog's to prove).
+
+    python tests/harness/restart_vllm.py --pidfile F --python ENGINE_PY --model DIR --port P --log-dir D [--stop-only]
+
+The tests start the first server with this same script, so every server is an orphan of it (reaped by init),
+and a stopped group can be told gone. `stop_group` is what their teardown calls too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.harness.server import VllmServer
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def _signal(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _wait_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def stop_group(pgid: int, term_timeout: float = 20.0) -> None:
+    """SIGCONT (a stopped worker cannot act on SIGTERM), SIGTERM, bounded wait, then SIGKILL the group."""
+    if not group_members(pgid):
+        return
+    _signal(pgid, signal.SIGCONT)
+    _signal(pgid, signal.SIGTERM)
+    if not _wait_gone(pgid, term_timeout):
+        _signal(pgid, signal.SIGCONT)
+        _signal(pgid, signal.SIGKILL)
+        if not _wait_gone(pgid, 15.0):
+            raise RuntimeError(f"process group {pgid} still alive after SIGKILL")
+
+
+def read_pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    for name in ("--pidfile", "--python", "--model", "--log-dir"):
+        ap.add_argument(name, required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--stop-only", action="store_true")
+    a = ap.parse_args()
+    pidfile = Path(a.pidfile)
+    old = read_pid(pidfile)
+    if old is not None:
+        stop_group(old)
+        print(f"stopped vLLM process group {old}", flush=True)
+    if a.stop_only:
+        return 0
+    server = VllmServer(Path(a.python), Path(a.model), Path(a.log_dir), port=a.port, name=f"vllm-{a.port}")
+    server.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(server.log_path, "ab") as log:
+        p = subprocess.Popen(server.args, env=server.env, stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True, cwd=server.log_path.parent)
+    tmp = pidfile.with_suffix(".tmp")
+    tmp.write_text(f"{p.pid}\n")
+    os.replace(tmp, pidfile)
+    print(f"started vLLM pid {p.pid} on port {a.port}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
