@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -21,9 +22,11 @@ from watchdog.alerts import (
     RetryPolicy,
     SlackSink,
     WebhookSink,
+    build_dispatcher,
     verify_signature,
 )
-from watchdog.config import Secret
+from watchdog.config import ConfigError, Secret, load
+from watchdog.heartbeat import Heartbeat
 
 SECRET = "hmac-s3cret-value-42"
 TOKEN = "T0KEN-in-the-path-99"
@@ -275,3 +278,71 @@ def test_validation() -> None:
         RetryPolicy(attempts=0)
     with pytest.raises(ValueError, match="unique"):
         Dispatcher([SlackSink("http://a"), SlackSink("http://b")])
+
+
+# -- configured sinks and the dead-man heartbeat -------------------------------------------------------------
+
+
+def test_sinks_from_config_read_urls_and_secrets_from_env_and_files(tmp_path, receiver, monkeypatch) -> None:
+    hook, slack = receiver(), receiver()
+    (tmp_path / "slack-url").write_text(slack.url + f"/services/{TOKEN}\n")
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    cfg_file = tmp_path / "w.toml"
+    cfg_file.write_text(f"""
+[alerts]
+attempts = 1
+[[alerts.sinks]]
+kind = "webhook"
+url = "{hook.url}/h"
+secret_env = "HOOK_SECRET"
+[[alerts.sinks]]
+kind = "slack"
+url_file = "{tmp_path / 'slack-url'}"
+""")
+    d = build_dispatcher(load(cfg_file))
+    assert d is not None
+    d.submit(alert())
+    assert d.wait_idle(10)
+    d.close()
+    [(_p, headers, raw)] = hook.received
+    assert verify_signature(Secret(SECRET), raw, headers["X-Watchdog-Signature"])
+    assert [p for p, _h, _b in slack.received] == [f"/services/{TOKEN}"]
+    monkeypatch.delenv("HOOK_SECRET")
+    with pytest.raises(ConfigError, match=r"alerts.sinks\[0\].secret_env: the environment variable HOOK_SECRET"):
+        build_dispatcher(load(cfg_file))
+    assert build_dispatcher(load(None)) is None
+
+
+def test_heartbeat_pings_only_after_an_observing_pass_and_at_most_once_an_interval() -> None:
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        hb = Heartbeat(Secret(f"http://127.0.0.1:{srv.server_address[1]}/ping/{TOKEN}"), interval=60)
+        assert hb.beat(0.0, observed=False) is False  # blind: never
+        assert hb.beat(1.0, observed=True) is True
+        hb.wait(5)
+        assert hb.beat(30.0, observed=True) is False  # within the interval
+        assert hb.beat(61.5, observed=True) is True
+        hb.wait(5)
+        assert hits == [f"/ping/{TOKEN}"] * 2 and hb.sent == 2
+        down = Heartbeat(Secret(closed_port_url() + "/ping"), interval=1)
+        assert down.beat(0.0, observed=True)
+        down.wait(10)
+        assert down.failed == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
