@@ -8,7 +8,6 @@ import logging
 import os
 import select
 import signal
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -16,14 +15,11 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Protocol
 
-import requests
-
-from watchdog.alerts import Alert, Dispatcher, build_dispatcher
-from watchdog.config import Config, Secret
+from watchdog.act import Act
+from watchdog.config import Config
 from watchdog.discover import server_for_port
 from watchdog.evidence import Decision
 from watchdog.exporter import Exporter
-from watchdog.heartbeat import Heartbeat
 from watchdog.investigate import EvidenceJob, EvidenceRunner, Investigator
 from watchdog.judge import (
     Judge,
@@ -36,10 +32,7 @@ from watchdog.judge import (
     Transition,
     Verdict,
 )
-from watchdog.probe import Prober, generate_once
-from watchdog.recovery import RecoveryRunner
-from watchdog.respond import Responder
-from watchdog.restart import Restarter, RestartOutcome, describe
+from watchdog.probe import Prober
 from watchdog.scrape import MetricsFetcher, Scrape, base_url
 from watchdog.sdnotify import Notifier
 from watchdog.state import save_status
@@ -153,11 +146,6 @@ def status_line(verdicts: list[Verdict]) -> str:
     return "; ".join(f"engine {v.engine}: {v.state.value}" for v in verdicts)
 
 
-class _NoAlerts:
-    def submit(self, alert: Alert) -> None:
-        log.debug("no alert sink configured: %s for incident %s not sent", alert.event, alert.incident_id)
-
-
 class Daemon:
     """``watchdog run``: the watcher every interval until SIGTERM/SIGINT, with events, trace and metrics."""
 
@@ -173,10 +161,7 @@ class Daemon:
         self.evidence: EvidenceRunner | None = None
         self._checking: set[str] = set()  # engines whose stacks are being checked on suspicion
         self._bundled: set[str] = set()  # engines whose current freeze already has (or awaits) a bundle
-        self.alerts: Dispatcher | None = None
-        self.responder: Responder | None = None
-        self.recovery: RecoveryRunner | None = None
-        self.heartbeat: Heartbeat | None = None
+        self.act: Act | None = None
 
     def run(self, once: bool = False) -> int:
         self._open_state()
@@ -192,7 +177,7 @@ class Daemon:
                 log.warning("evidence capture: %s", problem)
             self.evidence = EvidenceRunner(investigator)
         if not once:
-            self._start_response()
+            self.act = Act(self.cfg, self.state_dir, self._act_event)
         self._install_signals()
         log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s",
                  watcher.fetcher.url if isinstance(watcher.fetcher, MetricsFetcher) else self.cfg.engine.url,
@@ -220,10 +205,8 @@ class Daemon:
             self.notifier.stopping()
             if self.evidence is not None:
                 self.evidence.stop()
-            if self.recovery is not None:
-                self.recovery.stop()
-            if self.alerts is not None:
-                self.alerts.close(timeout=5.0)
+            if self.act is not None:
+                self.act.close()
             self._restore_signals()
             self._close_state()
         if self._stop_signal is not None:
@@ -279,8 +262,8 @@ class Daemon:
             if f is None:
                 self._checking.discard(engine)
                 self._event({**base, "event": "evidence_failed", "error": done.error})
-                if self.responder is not None and done.job.bundle:
-                    self.responder.evidence(engine, None, None, {"error": done.error})
+                if self.act is not None and done.job.bundle:
+                    self.act.responder.evidence(engine, None, None, {"error": done.error})
                 continue
             summary = {"decision": f.decision.value, "reason": f.reason, "culprit": f.cross_rank.culprit,
                        "poll_parking": f.hypothesis.status.value, "complete": f.complete}
@@ -294,55 +277,25 @@ class Daemon:
                 bundle = str(done.bundle) if done.bundle else None
                 self._event({**base, "event": "evidence_captured", "bundle": bundle, "error": done.error or None,
                              **summary})
-            if self.responder is not None:
+            if self.act is not None:
                 details = {k: v for k, v in summary.items() if k != "decision"}
                 if done.error:
                     details["error"] = done.error
-                self.responder.evidence(engine, f.decision.value, str(done.bundle) if done.bundle else None,
+                self.act.responder.evidence(engine, f.decision.value, str(done.bundle) if done.bundle else None,
                                         details, final=done.job.bundle)
 
     # -- act: incidents, alerts, restarts --------------------------------------------------------------------
-
-    def _start_response(self) -> None:
-        cfg = self.cfg
-        self.alerts = build_dispatcher(cfg)
-        hb_url = cfg.alerts.heartbeat_url or cfg.secret("alerts.heartbeat_url", cfg.alerts.heartbeat_url_env,
-                                                         cfg.alerts.heartbeat_url_file).reveal()
-        if hb_url:
-            self.heartbeat = Heartbeat(Secret(hb_url), cfg.alerts.heartbeat_interval)
-        restarter = Restarter(cfg.restart) if cfg.restart.steps else None
-        session, api_key, base = requests.Session(), cfg.api_key(), base_url(cfg.engine.url)
-
-        def generate() -> tuple[bool, bool, str]:
-            ok, answered, detail, _model = generate_once(session, base, cfg.probe.timeout, cfg.probe.model, api_key)
-            return ok, answered, detail
-
-        def restart(cancel: threading.Event) -> RestartOutcome:
-            if restarter is None:
-                raise RuntimeError("no restart steps configured")
-            return restarter.run(cancel)
-
-        self.recovery = RecoveryRunner(restart, generate, cfg.probe.retry)
-        plan = describe(cfg.restart) if cfg.restart.steps else []
-        self.responder = Responder(cfg, self.state_dir, self.alerts or _NoAlerts(), self.recovery, self._act_event,
-                                   plan)
-        if cfg.restart.dry_run:
-            log.warning("dry run: restarts are described in events, never run")
-        self.responder.resume()
 
     def _act_event(self, record: dict[str, object]) -> None:
         self.exporter.observe_event(str(record["event"]))
         self._event({"time": iso(time.time()), "stack": self.cfg.engine.name, **record})
 
     def _respond(self, watcher: Watcher) -> None:
-        verdicts = watcher.judge.verdicts()
-        if self.responder is None:
+        if self.act is None:
             return
-        self.responder.step(verdicts, watcher.clock())
-        status = self.responder.status(time.time())
+        verdicts = watcher.judge.verdicts()
+        status = self.act.step(verdicts, watcher.clock())
         self.exporter.set_response(status)
-        if self.heartbeat is not None:
-            self.heartbeat.beat(watcher.clock(), bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
         status.update({"pid": os.getpid(), "time": time.time(), "stack": self.cfg.engine.name,
                        "url": base_url(self.cfg.engine.url), "interval": self.cfg.scrape.interval,
                        "engines": [{"engine": v.engine, "state": v.state.value, "reason": v.reason,

@@ -1,0 +1,73 @@
+"""The act stage assembled for one config: responder, recovery, alert sinks and the dead-man heartbeat.
+
+The daemon calls `Act.step` once a pass with the judge's verdicts, hands over stack evidence as it arrives, and
+closes it on the way out (queued alerts get a few seconds to go).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from watchdog.alerts import Alert, Dispatcher, build_dispatcher
+from watchdog.config import Config, Secret
+from watchdog.heartbeat import Heartbeat
+from watchdog.judge import State, Verdict
+from watchdog.probe import generate_once
+from watchdog.recovery import RecoveryRunner
+from watchdog.respond import Responder
+from watchdog.restart import Restarter, RestartOutcome, describe
+from watchdog.scrape import base_url
+
+log = logging.getLogger(__name__)
+
+
+class _NoAlerts:
+    def submit(self, alert: Alert) -> None:
+        log.debug("no alert sink configured: %s for incident %s not sent", alert.event, alert.incident_id)
+
+
+class Act:
+    def __init__(self, cfg: Config, state_dir: Path, event: Callable[[dict[str, Any]], None]) -> None:
+        self.alerts: Dispatcher | None = build_dispatcher(cfg)
+        a = cfg.alerts
+        hb_url = Secret(a.heartbeat_url) if a.heartbeat_url else cfg.secret(
+            "alerts.heartbeat_url", a.heartbeat_url_env, a.heartbeat_url_file)
+        self.heartbeat = Heartbeat(hb_url, a.heartbeat_interval)
+        restarter = Restarter(cfg.restart) if cfg.restart.steps else None
+        session, api_key, base = requests.Session(), cfg.api_key(), base_url(cfg.engine.url)
+
+        def generate() -> tuple[bool, bool, str]:
+            ok, answered, detail, _model = generate_once(session, base, cfg.probe.timeout, cfg.probe.model, api_key)
+            return ok, answered, detail
+
+        def restart(cancel: threading.Event) -> RestartOutcome:
+            if restarter is None:
+                raise RuntimeError("no restart steps configured")
+            return restarter.run(cancel)
+
+        self.recovery = RecoveryRunner(restart, generate, cfg.probe.retry)
+        plan = describe(cfg.restart) if cfg.restart.steps else []
+        self.responder = Responder(cfg, state_dir, self.alerts or _NoAlerts(), self.recovery, event, plan)
+        if cfg.restart.dry_run:
+            log.warning("dry run: restarts are described in events, never run")
+        elif not cfg.restart.steps:
+            log.info("no restart steps configured: incidents are alerted and recorded, never acted on")
+        self.responder.resume()
+
+    def step(self, verdicts: list[Verdict], mono: float) -> dict[str, Any]:
+        """One pass: the policy, then the heartbeat (only if this pass saw the engine); returns the status."""
+        self.responder.step(verdicts, mono)
+        self.heartbeat.beat(mono, bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
+        return self.responder.status(time.time())
+
+    def close(self) -> None:
+        self.recovery.stop()
+        if self.alerts is not None:
+            self.alerts.close(timeout=5.0)
