@@ -10,5 +10,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_example_config_is_the_defaults() -> None:
     cfg = load(ROOT / "systemd" / "config.example.toml")
     defaults = Config()
-    for section in ("engine", "scrape", "judge", "probe", "capture", "incidents", "exporter", "state"):
+    for section in ("engine", "scrape", "judge", "probe", "capture", "incidents", "exporter", "state", "restart",
+                    "alerts"):
         assert getattr(cfg, section) == getattr(defaults, section), section
