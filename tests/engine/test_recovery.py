@@ -4,72 +4,20 @@ watchdog takes the stacks, alerts a real receiver, runs the restart command, and
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-import requests
 
 from tests.harness.faults import frozen
 from tests.harness.load import LoadGenerator
-from tests.harness.restart_vllm import read_pid, stop_group
-from tests.harness.server import VllmServer, free_port
+from tests.harness.restart_vllm import ScriptedServer, read_pid, stop_group
 from tests.harness.watcher import WatchdogProcess, event_time, quick_config
 from tests.receiver import Receiver
 
 pytestmark = pytest.mark.engine
-
-SCRIPT = Path(__file__).resolve().parents[1] / "harness" / "restart_vllm.py"
-
-
-class ScriptedServer:
-    """A vLLM started and restarted only by the restart script, as the watchdog's command strategy will."""
-
-    def __init__(self, engine_python: Path, model: Path, tmp: Path) -> None:
-        self.port, self.model = free_port(), model
-        self.pidfile, self.log_dir = tmp / "vllm.pid", tmp / "logs"
-        self.argv = [sys.executable, str(SCRIPT), "--pidfile", str(self.pidfile), "--python", str(engine_python),
-                     "--model", str(model), "--port", str(self.port), "--log-dir", str(self.log_dir)]
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def run_script(self, *extra: str) -> None:
-        subprocess.run([*self.argv, *extra], check=True, timeout=120, capture_output=True, start_new_session=True)
-
-    @property
-    def pid(self) -> int:
-        pid = read_pid(self.pidfile)
-        assert pid is not None
-        return pid
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                r = requests.post(f"{self.url}/v1/completions", timeout=15,
-                                  json={"model": self.model.name, "prompt": "ready", "max_tokens": 1})
-                if r.status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        raise AssertionError(f"vLLM not ready in {timeout}s:\n{self.log_tail()}")
-
-    def process(self, title: str) -> psutil.Process:
-        root = psutil.Process(self.pid)
-        for p in [root, *root.children(recursive=True)]:
-            if title in " ".join(p.cmdline()) or p.name() == title:
-                return p
-        raise AssertionError(f"no {title} process under pid {self.pid}")
-
-    def log_tail(self, n: int = 40) -> str:
-        logs = sorted(self.log_dir.glob("*.log"))
-        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-n:]) if logs else ""
-
 
 @pytest.fixture
 def scripted(engine_python: Path, fast_model: Path, tmp_path: Path) -> Iterator[ScriptedServer]:

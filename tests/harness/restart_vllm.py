@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 
 import psutil
+import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.harness.server import VllmServer
+from tests.harness.server import VllmServer, free_port
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
@@ -68,6 +69,52 @@ def read_pid(pidfile: Path) -> int | None:
         return int(pidfile.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+
+
+class ScriptedServer:
+    """A vLLM started and restarted only by the restart script, as the watchdog's command strategy will."""
+
+    def __init__(self, engine_python: Path, model: Path, tmp: Path) -> None:
+        self.port, self.model = free_port(), model
+        self.pidfile, self.log_dir = tmp / "vllm.pid", tmp / "logs"
+        self.argv = [sys.executable, str(Path(__file__).resolve()), "--pidfile", str(self.pidfile),
+                     "--python", str(engine_python), "--model", str(model), "--port", str(self.port),
+                     "--log-dir", str(self.log_dir)]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def run_script(self, *extra: str) -> None:
+        subprocess.run([*self.argv, *extra], check=True, timeout=120, capture_output=True, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        pid = read_pid(self.pidfile)
+        assert pid is not None
+        return pid
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                r = requests.post(f"{self.url}/v1/completions", timeout=15,
+                                  json={"model": self.model.name, "prompt": "ready", "max_tokens": 1})
+                if r.status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"vLLM not ready in {timeout}s:\n{self.log_tail()}")
+
+    def process(self, title: str) -> psutil.Process:
+        root = psutil.Process(self.pid)
+        for p in [root, *root.children(recursive=True)]:
+            if title in " ".join(p.cmdline()) or p.name() == title:
+                return p
+        raise AssertionError(f"no {title} process under pid {self.pid}")
+
+    def log_tail(self, n: int = 40) -> str:
+        logs = sorted(self.log_dir.glob("*.log"))
+        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-n:]) if logs else ""
+
 
 
 def main() -> int:
