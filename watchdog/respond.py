@@ -67,6 +67,8 @@ class Responder:
         self._evidence_wait_until = 0.0
         self._said = ""  # the last decision announced for the open incident (announce each once)
         self._verdicts: dict[str, Verdict] = {}
+        self._mono = 0.0
+        self._quiet_since: float | None = None  # monotonic time the last incident ended: older verdicts are spent
 
     # -- the pass --------------------------------------------------------------------------------------
 
@@ -86,7 +88,7 @@ class Responder:
     def step(self, verdicts: list[Verdict], mono: float) -> None:
         now = self.wall()
         self.control = load_control(self.state_dir)
-        self._verdicts = {v.engine: v for v in verdicts}
+        self._verdicts, self._mono = {v.engine: v for v in verdicts}, mono
         if (done := self.recovery.poll()) is not None:
             self._recovery_done(done, now)
         inc = self.memory.incident
@@ -124,13 +126,21 @@ class Responder:
     # -- opening, deciding, closing --------------------------------------------------------------------
 
     def _trouble(self, verdicts: list[Verdict], mono: float) -> tuple[str, Verdict] | None:
+        """A new incident, from verdicts that began after the last incident ended (the pass that proves an engine
+        back may still carry the down or frozen verdict of the restart it ends)."""
+        quiet = self._quiet_since
+
+        def lasted(v: Verdict) -> float:
+            return mono - (v.since if quiet is None else max(v.since, quiet))
+
         for v in verdicts:
-            if v.state == State.FROZEN:
+            if v.state == State.FROZEN and (quiet is None or v.since > quiet
+                                            or lasted(v) >= self.cfg.judge.stall_window):
                 return "frozen", v
         for v in verdicts:
-            if v.state == State.DOWN and mono - v.since >= self.r.down_after:
+            if v.state == State.DOWN and lasted(v) >= self.r.down_after:
                 return "down", v
-            if v.state == State.STARTING and mono - v.since >= self.r.boot_timeout:
+            if v.state == State.STARTING and lasted(v) >= self.r.boot_timeout:
                 return "boot_timeout", v
         return None
 
@@ -158,6 +168,8 @@ class Responder:
         v = self._verdicts.get(inc.engine)
         if v is None:
             return inc.kind == "down"  # the engine's series are gone with the server
+        if inc.attempts:  # a restart failed to bring it back by the boot timeout: still starting is still bad
+            return v.state in (State.FROZEN, State.DOWN, State.STARTING)
         wanted = {"frozen": (State.FROZEN, State.DOWN), "down": (State.DOWN,), "boot_timeout": (State.STARTING,)}
         return v.state in wanted[inc.kind]
 
@@ -235,7 +247,7 @@ class Responder:
                     {"kind": inc.kind, "stage": done.stage, "error": done.detail, "attempt": inc.attempts})
 
     def _resolve(self, inc: Incident, now: float, how: str) -> None:
-        self.memory.incident = None
+        self.memory.incident, self._quiet_since = None, self._mono
         self._save()
         self._event(inc, "resolved", how=how, lasted=round(now - inc.detected, 1))
         self._alert(inc, "resolved", how, {"kind": inc.kind, "lasted": round(now - inc.detected, 1)}, resolved=True)

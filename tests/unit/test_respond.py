@@ -237,3 +237,31 @@ def test_observe_only_without_steps(tmp_path: Path) -> None:
     h.r.evidence("0", "stuck", "/b", {})
     h.step(State.FROZEN)
     assert h.recovery.jobs == [] and h.events[-1]["choice"] == "observe"
+
+
+def test_the_down_verdict_of_a_restart_does_not_open_a_new_incident_once_it_is_proven_back(h: Harness) -> None:
+    h.step(State.FROZEN)
+    h.r.evidence("0", "stuck", "/b", {})
+    h.step(State.FROZEN)
+    h.step(State.DOWN, since_ago=0)
+    down_since = h.mono
+    h.clock.wall += 40
+    h.mono += 40
+    h.recovery.finish(True, h.clock.wall)
+    # the pass that collects the proof still carries the restart's 40 s old down verdict
+    h.r.step([Verdict("0", State.DOWN, "refused", down_since, h.mono)], h.mono)
+    assert h.sent()[-2:] == ["recovered", "resolved"] and h.r.memory.incident is None
+    h.step(State.DOWN, since_ago=41, advance=5)  # still the same verdict 5 s later: not yet down_after
+    assert h.r.memory.incident is None
+    h.step(State.DOWN, since_ago=52, advance=6)  # down for 11 s after the recovery: a new incident
+    assert h.r.memory.incident is not None and h.sent()[-1] == "engine_down"
+
+
+def test_a_failed_restart_still_starting_is_acted_on_again(h: Harness) -> None:
+    h.step(State.FROZEN)
+    h.r.evidence("0", "stuck", "/b", {})
+    h.step(State.FROZEN)
+    h.recovery.finish(False, 0, "not serving by the boot timeout")
+    h.step(State.STARTING, advance=61)
+    h.step(State.STARTING, advance=1)
+    assert len(h.recovery.jobs) == 2
