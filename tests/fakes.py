@@ -10,6 +10,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+# a config for tests against the fake: five scrapes a second, suspect after 1 s, frozen after 2 s, no stacks
+FAST = """
+[scrape]
+interval = 0.2
+[judge]
+suspect_after = 1.0
+stall_window = 2.0
+[probe]
+interval = 1.0
+retry = 0.5
+timeout = 3.0
+[exporter]
+port = 0
+[capture]
+enabled = false
+"""
+
 
 @dataclass
 class EngineModel:

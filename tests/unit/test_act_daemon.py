@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import EngineModel, fake_engine, wait_for
+from tests.fakes import FAST, EngineModel, fake_engine, wait_for
 from tests.receiver import Receiver
 
 SECRET = "act-test-hmac-secret"
@@ -34,21 +34,7 @@ def config(tmp_path: Path, url: str, hooks: list[str], delay: float = 0.0, resta
                     f'secret_env = "ACT_SECRET"\ntimeout = 30\n' for i, h in enumerate(hooks))
     argv = json.dumps([sys.executable, "-c", RESTART, url, str(delay), str(tmp_path / "restart-began")])
     p = tmp_path / "act.toml"
-    p.write_text(f"""
-[scrape]
-interval = 0.2
-[judge]
-suspect_after = 1.0
-stall_window = 2.0
-[probe]
-interval = 1.0
-retry = 0.5
-timeout = 3.0
-[exporter]
-port = 0
-[capture]
-enabled = false
-[restart]
+    p.write_text(f"""{FAST}[restart]
 down_after = 1.0
 boot_timeout = 30.0
 backoff_initial = 0.5

@@ -14,24 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.fakes import EngineModel, fake_engine, wait_for
+from tests.fakes import FAST, EngineModel, fake_engine, wait_for
 from watchdog.cli import clashing_distribution
-
-FAST = """
-[scrape]
-interval = 0.2
-[judge]
-suspect_after = 1.0
-stall_window = 2.0
-[probe]
-interval = 1.0
-retry = 0.5
-timeout = 3.0
-[exporter]
-port = 0
-[capture]
-enabled = false
-"""
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
