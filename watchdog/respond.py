@@ -97,6 +97,10 @@ class Responder:
                 self._open(*opened, now)
             return
         if inc.phase in ACTIVE:
+            progress = self.recovery.progress
+            if inc.phase == "restarting" and progress is not None and progress.phase == "proving":
+                inc.phase = "proving"  # the steps are done: now waiting for the first generation
+                self._save()
             return  # judgement of this stack is paused until the recovery reports
         if self._cleared(inc):
             self._resolve(inc, now, "the engine serves again without a restart")
@@ -237,7 +241,7 @@ class Responder:
             self._event(inc, "recovered", downtime=downtime, detail=done.detail)
             self._alert(inc, "recovered", f"serving again after {downtime:.0f}s ({done.detail})",
                         {"kind": inc.kind, "downtime": downtime, "restart_took": round(done.steps_duration, 1),
-                         "attempts": inc.attempts})
+                         "attempts": inc.attempts}, state="serving")
             self._resolve(inc, now, "recovered")
             return
         inc.phase, self._said = "open", ""
@@ -265,14 +269,15 @@ class Responder:
         self.event({"event": name, "incident": inc.id, "engine": inc.engine, "kind": inc.kind, **fields})
 
     def _alert(self, inc: Incident, event: str, summary: str, details: dict[str, Any],
-               resolved: bool = False) -> None:
+               resolved: bool = False, state: str | None = None) -> None:
         if self.control.is_paused(self.wall()):
             self._event(inc, "alert_suppressed", alert=event, why="paused")
             return
-        v = self._verdicts.get(inc.engine)
-        state = inc.phase if inc.phase in ACTIVE else (v.state.value if v else "unknown")
+        if state is None:
+            v = self._verdicts.get(inc.engine)
+            state = "serving" if resolved else inc.phase if inc.phase in ACTIVE else v.state.value if v else "unknown"
         self.alerts.submit(Alert(event, inc.id, inc.engine, self.cfg.engine.name, base_url(self.cfg.engine.url),
-                                 "serving" if resolved else state, summary, details, self.wall(), resolved))
+                                 state, summary, details, self.wall(), resolved))
 
     def status(self, now: float) -> dict[str, Any]:
         inc, progress = self.memory.incident, self.recovery.progress

@@ -107,9 +107,15 @@ def test_freeze_waits_for_its_stacks_then_restarts_with_state_on_disk_first(h: H
     h.step(State.DOWN)
     h.step(State.FROZEN)
     assert len(h.recovery.jobs) == 1 and h.names().count("incident_opened") == 1
+    assert h.r.status(h.clock.wall)["incident"]["phase"] == "restarting"
+    h.recovery.progress = Progress("proving", h.clock.wall)  # the steps are done
+    h.step(State.STARTING)
+    assert h.r.status(h.clock.wall)["incident"]["phase"] == "proving"
+    assert json.loads((h.tmp / "recovery.json").read_text())["incident"]["phase"] == "proving"
     h.recovery.finish(True, h.clock.wall + 1)
     h.step(State.STARTING)
     assert h.sent()[-2:] == ["recovered", "resolved"] and h.alerts[-1].resolved
+    assert [a.state for a in h.alerts] == ["frozen", "frozen", "restarting", "serving", "serving"]
     assert h.alerts[-2].details["downtime"] == pytest.approx(h.clock.wall - T0 - 2 + 1 - 1, abs=2)
     assert h.r.memory.incident is None and len({a.incident_id for a in h.alerts}) == 1
 
