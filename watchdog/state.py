@@ -64,8 +64,9 @@ class Memory:
     incident: Incident | None = None
 
 
-def write_json(path: Path, obj: object) -> None:
-    """Replace ``path`` whole: readers see the old file or the new one, never half of one."""
+def write_json(path: Path, obj: object, durable: bool = True) -> None:
+    """Replace ``path`` whole: readers see the old file or the new one, never half of one. ``durable`` also
+    survives a power cut (fsync); the status file, rewritten every pass, does without."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     try:
@@ -73,7 +74,8 @@ def write_json(path: Path, obj: object) -> None:
             json.dump(obj, f, indent=1, sort_keys=True)
             f.write("\n")
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -137,7 +139,7 @@ def save_memory(state_dir: Path, memory: Memory) -> None:
 
 
 def save_status(state_dir: Path, status: dict[str, Any]) -> None:
-    write_json(state_dir / STATUS, {"version": VERSION, **status})
+    write_json(state_dir / STATUS, {"version": VERSION, **status}, durable=False)
 
 
 def load_status(state_dir: Path) -> dict[str, Any] | None:
