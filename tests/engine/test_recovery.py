@@ -4,6 +4,9 @@ watchdog takes the stacks, alerts a real receiver, runs the restart command, and
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,12 +34,18 @@ def scripted(engine_python: Path, fast_model: Path, tmp_path: Path) -> Iterator[
 
 
 def restart_config(server: ScriptedServer, hook: str, extra: str = "") -> str:
+    marker = server.pidfile.with_name("pre-start-ran")
+    # the hook copies the pid file as it finds it: the old server's pid if it ran before the start
+    pre_start = [sys.executable, "-c", "import pathlib as p, sys; p.Path(sys.argv[1]).write_text(p.Path(sys.argv[2])"
+                 ".read_text())", str(marker), str(server.pidfile)]
     return quick_config(10.0, 25.0, 10.0, f"""
 [capture]
 timeout = 30.0
 [restart]
 boot_timeout = 300.0
 evidence_timeout = 120.0
+down_after = 5.0
+pre_start = {json.dumps(pre_start)}
 [[restart.steps]]
 kind = "command"
 argv = {json.dumps(server.argv)}
@@ -86,6 +95,8 @@ def test_frozen_worker_is_captured_alerted_restarted_and_serving_again(
     assert (bundle / "summary.md").exists()
     assert event_time(captured) <= event_time(started), "evidence first, then the restart"
     assert scripted.pid != first_pid
+    # the pre-start hook ran before the command step (the only start there is), while the old pid was current
+    assert scripted.pidfile.with_name("pre-start-ran").read_text().strip() == str(first_pid)
     assert recovered["incident"] == started["incident"] == resolved["incident"]
     deadline = time.monotonic() + 30
     while len(hook.received) < 5 and time.monotonic() < deadline:
@@ -97,3 +108,30 @@ def test_frozen_worker_is_captured_alerted_restarted_and_serving_again(
     frozen_at = next(event_time(e) for e in events if e.get("to") == "frozen")
     print(f"frozen -> restart_started {event_time(started) - frozen_at:.1f}s, "
           f"restart_started -> recovered {event_time(recovered) - event_time(started):.1f}s")
+
+
+def test_an_engine_that_exits_is_alerted_restarted_and_serving_again(
+        scripted: ScriptedServer, receiver: Callable[..., Receiver], tmp_path: Path) -> None:
+    """vLLM exits by itself after its 300 s RPC timeout (or crashes): down, then restarted."""
+    hook = receiver()
+    scripted.run_script()
+    scripted.wait_ready(300)
+    first_pid = scripted.pid
+    wd = WatchdogProcess(scripted.url, tmp_path / "wd", restart_config(scripted, hook.url)).start()
+    try:
+        wd.wait_for_state("idle", 120)
+        os.killpg(first_pid, signal.SIGKILL)  # the whole server, as when vLLM's own timeout ends it
+        opened = wait_event(wd, "incident_opened", 60)
+        started = wait_event(wd, "restart_started", 30)
+        recovered = wait_event(wd, "recovered", 360)
+        wait_event(wd, "resolved", 30)
+        scripted.wait_ready(60)
+    finally:
+        wd.stop()
+    assert opened["kind"] == "down" and scripted.pid != first_pid
+    assert event_time(started) - event_time(opened) < 5.0, "down needs no stacks: the restart follows at once"
+    assert recovered["incident"] == opened["incident"]
+    deadline = time.monotonic() + 30
+    while len(hook.received) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [b["event"] for b in hook.bodies()] == ["engine_down", "restart_started", "recovered", "resolved"]
