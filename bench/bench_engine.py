@@ -174,7 +174,7 @@ def main() -> int:
                 results["footprint"] = footprint(server, workdir, args.minutes)
                 print(json.dumps(results["footprint"], indent=2), flush=True)
             for name, config in (("detection_default", ""),
-                                 ("detection_metrics_only", "[capture]\nenabled = false\n")):
+                                 ("detection_metrics_only", "[capture]\nenabled = false\n"))[:2 if args.freezes else 0]:
                 print(f"{name}: {args.freezes} freezes ...", flush=True)
                 results[name] = detection(server, workdir, args.freezes, config, name)
                 print(json.dumps(results[name], indent=2), flush=True)

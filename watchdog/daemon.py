@@ -40,6 +40,8 @@ from watchdog.trace import TraceWriter
 
 log = logging.getLogger(__name__)
 
+STATUS_EVERY = 5.0  # seconds between rewrites of an unchanged status.json
+
 _LOUD = {State.FROZEN, State.DOWN, State.BLIND, State.SUSPECT}
 
 
@@ -162,6 +164,8 @@ class Daemon:
         self._checking: set[str] = set()  # engines whose stacks are being checked on suspicion
         self._bundled: set[str] = set()  # engines whose current freeze already has (or awaits) a bundle
         self.act: Act | None = None
+        self._status_seen: object = None
+        self._status_written = 0.0
 
     def run(self, once: bool = False) -> int:
         self._open_state()
@@ -296,6 +300,13 @@ class Daemon:
         verdicts = watcher.judge.verdicts()
         status = self.act.step(verdicts, watcher.clock())
         self.exporter.set_response(status)
+        # written when something an operator would see changed, else every few seconds (`status` tells a stale file)
+        seen = (tuple((v.engine, v.state) for v in verdicts), repr(status["incident"]), status["paused"],
+                status["budget_left"], status["recovery"] and status["recovery"]["phase"])
+        now = time.monotonic()
+        if seen == self._status_seen and now - self._status_written < STATUS_EVERY:
+            return
+        self._status_seen, self._status_written = seen, now
         status.update({"pid": os.getpid(), "time": time.time(), "stack": self.cfg.engine.name,
                        "url": base_url(self.cfg.engine.url), "interval": self.cfg.scrape.interval,
                        "engines": [{"engine": v.engine, "state": v.state.value, "reason": v.reason,

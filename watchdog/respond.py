@@ -31,7 +31,7 @@ from watchdog.judge import State, Verdict
 from watchdog.policy import Budget, Choice, choose
 from watchdog.recovery import Progress, RecoveryDone, RecoveryJob
 from watchdog.scrape import base_url
-from watchdog.state import Control, Incident, Memory, load_control, load_memory, save_memory
+from watchdog.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class Responder:
         self._verdicts: dict[str, Verdict] = {}
         self._mono = 0.0
         self._quiet_since: float | None = None  # monotonic time the last incident ended: older verdicts are spent
+        self._control_seen: tuple[int, int, int] | None = None
 
     # -- the pass --------------------------------------------------------------------------------------
 
@@ -87,7 +88,7 @@ class Responder:
 
     def step(self, verdicts: list[Verdict], mono: float) -> None:
         now = self.wall()
-        self.control = load_control(self.state_dir)
+        self._read_control()
         self._verdicts, self._mono = {v.engine: v for v in verdicts}, mono
         if (done := self.recovery.poll()) is not None:
             self._recovery_done(done, now)
@@ -126,6 +127,17 @@ class Responder:
         if final:
             self._alert(inc, "evidence_captured", f"stacks: {decision or 'not taken'}",
                         {"kind": inc.kind, "verdict": decision, "bundle": bundle, **details})
+
+    def _read_control(self) -> None:
+        """The operator's switches, parsed again only when the file changed (a stat a pass, not a parse)."""
+        try:
+            st = (self.state_dir / CONTROL).stat()
+            seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            seen = None
+        if seen != self._control_seen or seen is None:
+            self.control = load_control(self.state_dir) if seen is not None else Control()
+            self._control_seen = seen
 
     # -- opening, deciding, closing --------------------------------------------------------------------
 
