@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from watchdog.act_config import AlertsSection, RestartSection, SinkSection, StepSection, check_alerts, check_restart
 from watchdog.judge import Thresholds
 from watchdog.scrape import ScrapeLimits, base_url
 
@@ -111,72 +112,6 @@ class ExporterSection:
 class StateSection:
     dir: str = "/var/lib/engine-watchdog"
     trace_max_bytes: int = 64 * 1024 * 1024  # rolling trace of what the judgement saw; 0 turns it off
-
-
-STEP_KINDS = {"systemd": ("restart", "stop", "start"), "docker": ("restart", "stop", "start"), "command": ("run",)}
-NODES = ("local",)  # where a step runs; other nodes (the two-node work) will be named here
-
-
-@dataclass(frozen=True, slots=True)
-class StepSection:
-    """One restart step: ``[[restart.steps]]``, run in the order written."""
-
-    kind: str = "command"  # systemd | docker | command
-    action: str = ""  # systemd/docker: restart | stop | start; command: run (the default for each kind)
-    units: tuple[str, ...] = ()  # systemd: acted on one at a time, in this order
-    containers: tuple[str, ...] = ()  # docker: likewise
-    argv: tuple[str, ...] = ()  # command: the program and its arguments, never a shell string
-    timeout: float = 300.0  # for the whole step
-    node: str = "local"
-
-    @property
-    def verb(self) -> str:
-        return self.action or STEP_KINDS.get(self.kind, ("run",))[0]
-
-
-@dataclass(frozen=True, slots=True)
-class RestartSection:
-    steps: tuple[StepSection, ...] = ()  # none: observe and alert only
-    pre_start: tuple[str, ...] = ()  # argv run before the first start/restart step (e.g. drop page caches)
-    pre_start_timeout: float = 120.0
-    dry_run: bool = False  # do everything except act
-    supervised: bool = False  # the stack's own supervisor restarts an engine that exited: on down, only wait
-    down_after: float = 10.0  # down this long (not a blip) before it counts as an incident
-    on_boot_timeout: bool = True  # restart when a start takes longer than boot_timeout
-    boot_timeout: float = 2700.0  # from the restart to the first successful generation (large checkpoints)
-    evidence_timeout: float = 90.0  # wait this long for a freeze's stacks before restarting without them
-    hold_max: float = 900.0  # stacks showed work but no progress since: restart after holding this long
-    budget: int = 3  # restarts at most per budget_window
-    budget_window: float = 3600.0
-    backoff_initial: float = 60.0  # wait before the 2nd restart in the window, doubling after
-    backoff_max: float = 900.0
-
-
-@dataclass(frozen=True, slots=True)
-class SinkSection:
-    """One alert receiver: ``[[alerts.sinks]]``."""
-
-    kind: str = "webhook"  # webhook | slack | alertmanager
-    name: str = ""  # how logs name it; default: the kind
-    url: str = ""  # or, when the URL holds a token, url_env / url_file
-    url_env: str = ""
-    url_file: str = ""
-    secret_env: str = ""  # webhook: HMAC-SHA256 secret, from the environment or a file
-    secret_file: str = ""
-    severity: str = "critical"  # alertmanager label
-    firing_ttl: float = 0.0  # alertmanager: endsAt this far ahead while firing; 0: Alertmanager's resolve_timeout
-    timeout: float = 10.0  # per attempt
-
-
-@dataclass(frozen=True, slots=True)
-class AlertsSection:
-    sinks: tuple[SinkSection, ...] = ()
-    attempts: int = 5  # per alert and sink
-    retry_for: float = 120.0  # no new attempt after this many seconds
-    heartbeat_url: str = ""  # dead-man switch, pinged only after a pass that saw the engine
-    heartbeat_url_env: str = ""
-    heartbeat_url_file: str = ""
-    heartbeat_interval: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,56 +299,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"{src}: exporter.port must be 0..65535, got {cfg.exporter.port}")
     if cfg.state.trace_max_bytes < 0:
         raise ConfigError(f"{src}: state.trace_max_bytes must be 0 or more")
-    _validate_restart(cfg)
-    _validate_alerts(cfg)
-
-
-def _validate_restart(cfg: Config) -> None:
-    src, r = cfg.source, cfg.restart
-    for key in ("pre_start_timeout", "boot_timeout", "evidence_timeout", "budget_window", "down_after",
-                "hold_max"):
-        if not getattr(r, key) > 0:
-            raise ConfigError(f"{src}: restart.{key} must be greater than 0, got {getattr(r, key)!r}")
-    if r.budget < 0 or r.backoff_initial < 0 or r.backoff_max < r.backoff_initial:
-        raise ConfigError(f"{src}: restart: budget and backoff_initial must be 0 or more, "
-                          "and backoff_max at least backoff_initial")
-    for i, step in enumerate(r.steps):
-        where = f"{src}: restart.steps[{i}]"
-        if step.kind not in STEP_KINDS:
-            raise ConfigError(f"{where}.kind: {step.kind!r} is not one of {', '.join(STEP_KINDS)}")
-        if step.verb not in STEP_KINDS[step.kind]:
-            raise ConfigError(f"{where}.action: {step.kind} steps {'/'.join(STEP_KINDS[step.kind])}, "
-                              f"not {step.action!r}")
-        wanted = {"systemd": "units", "docker": "containers", "command": "argv"}[step.kind]
-        for key in ("units", "containers", "argv"):
-            given = bool(getattr(step, key))
-            if given != (key == wanted):
-                raise ConfigError(f"{where}.{key}: a {step.kind} step " + ("needs" if key == wanted else "takes no")
-                                  + f" {key}")
-        if not step.timeout > 0:
-            raise ConfigError(f"{where}.timeout must be greater than 0, got {step.timeout!r}")
-        if step.node not in NODES:
-            raise ConfigError(f"{where}.node: only {', '.join(NODES)} steps are supported so far, got {step.node!r}")
-
-
-def _validate_alerts(cfg: Config) -> None:
-    src, a = cfg.source, cfg.alerts
-    if a.attempts < 1 or not a.retry_for > 0 or not a.heartbeat_interval > 0:
-        raise ConfigError(f"{src}: alerts: attempts must be 1 or more, retry_for and heartbeat_interval above 0")
-    if sum(bool(x) for x in (a.heartbeat_url, a.heartbeat_url_env, a.heartbeat_url_file)) > 1:
-        raise ConfigError(f"{src}: alerts: give one of heartbeat_url, heartbeat_url_env, heartbeat_url_file")
-    names: set[str] = set()
-    for i, sink in enumerate(a.sinks):
-        where = f"{src}: alerts.sinks[{i}]"
-        if sink.kind not in ("webhook", "slack", "alertmanager"):
-            raise ConfigError(f"{where}.kind: {sink.kind!r} is not one of webhook, slack, alertmanager")
-        if sum(bool(x) for x in (sink.url, sink.url_env, sink.url_file)) != 1:
-            raise ConfigError(f"{where}: give exactly one of url, url_env, url_file")
-        if (sink.secret_env or sink.secret_file) and sink.kind != "webhook":
-            raise ConfigError(f"{where}: only webhook sinks sign their bodies (secret_env/secret_file)")
-        if not sink.timeout > 0 or sink.firing_ttl < 0:
-            raise ConfigError(f"{where}: timeout must be above 0 and firing_ttl 0 or more")
-        name = sink.name or sink.kind
-        if name in names:
-            raise ConfigError(f"{where}.name: {name!r} names two sinks; give each its own name")
-        names.add(name)
+    for name, check in (("restart", check_restart), ("alerts", check_alerts)):
+        try:
+            check(getattr(cfg, name))
+        except ValueError as e:
+            raise ConfigError(f"{src}: {e}") from None

@@ -14,7 +14,7 @@ from enum import StrEnum
 
 import tenacity
 
-from watchdog.config import RestartSection
+from watchdog.act_config import RestartSection
 
 
 class Choice(StrEnum):

@@ -266,3 +266,63 @@ def test_with_overrides_validates(overrides: dict[str, dict[str, object]], probl
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_numbers_are_rejected(tmp_path: Path, value: str) -> None:
     assert "scrape.interval: expected a finite number" in load_error(tmp_path, f"[scrape]\ninterval = {value}\n")
+
+
+# -- [restart] and [alerts] --------------------------------------------------------------------------
+
+
+def test_restart_steps_and_alert_sinks_are_read_in_order(tmp_path: Path) -> None:
+    cfg = load(write(tmp_path, """
+[restart]
+pre_start = ["/bin/sync"]
+[[restart.steps]]
+kind = "systemd"
+action = "stop"
+units = ["worker.service", "head.service"]
+[[restart.steps]]
+kind = "command"
+argv = ["/opt/start.sh", "--fast"]
+timeout = 30
+[[alerts.sinks]]
+kind = "slack"
+url_env = "SLACK_URL"
+"""))
+    stop, run = cfg.restart.steps
+    assert (stop.kind, stop.verb, stop.units) == ("systemd", "stop", ("worker.service", "head.service"))
+    assert (run.verb, run.argv, run.timeout, run.node) == ("run", ("/opt/start.sh", "--fast"), 30.0, "local")
+    assert cfg.restart.pre_start == ("/bin/sync",) and cfg.alerts.sinks[0].url_env == "SLACK_URL"
+    assert cfg.with_overrides(restart={"dry_run": True}).restart.steps == cfg.restart.steps
+
+
+@pytest.mark.parametrize(("toml", "problem"), [
+    ('[[restart.steps]]\nkind = "ansible"', "restart.steps[0].kind: 'ansible' is not one of"),
+    ('[[restart.steps]]\nkind = "command"', "restart.steps[0].argv: a command step needs argv"),
+    ('[[restart.steps]]\nkind = "systemd"\naction = "run"\nunits = ["a"]', "restart.steps[0].action"),
+    ('[[restart.steps]]\nkind = "systemd"\nunits = ["a"]\nargv = ["b"]', "restart.steps[0].argv: a systemd step takes"),
+    ('[[restart.steps]]\nkind = "command"\nargv = "ls -l"', "restart.steps[0].argv: expected a list of strings"),
+    ('[[restart.steps]]\nkind = "command"\nargv = ["a"]\nnode = "spark-2"', "restart.steps[0].node"),
+    ('[[restart.steps]]\nkind = "command"\nargv = ["a"]\nshell = true', "unknown key restart.steps[0].shell"),
+    ("[restart]\nsteps = 3", "restart.steps must be a list of tables"),
+    ("[restart]\nboot_timeout = 0", "restart.boot_timeout must be greater than 0"),
+    ("[restart]\nbackoff_initial = 60\nbackoff_max = 10", "backoff_max"),
+    ('[[alerts.sinks]]\nkind = "pager"\nurl = "http://x"', "alerts.sinks[0].kind"),
+    ('[[alerts.sinks]]\nurl = "http://x"\nurl_env = "U"', "alerts.sinks[0]: give exactly one of url"),
+    ('[[alerts.sinks]]\nkind = "slack"\nurl = "http://x"\nsecret_env = "S"', "only webhook sinks sign"),
+    ('[[alerts.sinks]]\nurl = "http://a"\n[[alerts.sinks]]\nurl = "http://b"', "alerts.sinks[1].name"),
+])
+def test_bad_restart_and_alert_settings_name_the_key(tmp_path: Path, toml: str, problem: str) -> None:
+    assert problem in load_error(tmp_path, toml)
+
+
+def test_secret_from_file_or_environment_names_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load(None)
+    monkeypatch.setenv("WD_SECRET", SECRET)
+    assert cfg.secret("alerts.sinks[0].secret", "WD_SECRET", "").reveal() == SECRET
+    (tmp_path / "s").write_text(SECRET + "\n")
+    assert cfg.secret("k", "WD_SECRET", str(tmp_path / "s")).reveal() == SECRET
+    assert not cfg.secret("k", "", "")
+    monkeypatch.delenv("WD_SECRET")
+    with pytest.raises(ConfigError, match="k_env: the environment variable WD_SECRET is not set"):
+        cfg.secret("k", "WD_SECRET", "")
+    with pytest.raises(ConfigError, match="k_file: cannot read"):
+        cfg.secret("k", "", str(tmp_path / "absent"))

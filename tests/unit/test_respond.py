@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from watchdog.act_config import RestartSection, StepSection
 from watchdog.alerts import Alert
-from watchdog.config import Config, RestartSection, StepSection, load
+from watchdog.config import Config, load
 from watchdog.judge import State, Verdict
 from watchdog.recovery import Progress, RecoveryDone, RecoveryJob
 from watchdog.respond import Responder

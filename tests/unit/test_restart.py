@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.config import RestartSection, StepSection
+from watchdog.act_config import RestartSection, StepSection
 from watchdog.restart import (
     OUTPUT_TAIL_BYTES,
     LocalRunner,
