@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,16 +33,6 @@ from tests.harness.models import fast_model  # noqa: E402
 from tests.harness.restart_vllm import ScriptedServer, read_pid, stop_group  # noqa: E402
 from tests.harness.watcher import WatchdogProcess, event_time  # noqa: E402
 from tests.receiver import Receiver  # noqa: E402
-
-
-def wait_event(wd: WatchdogProcess, name: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for e in wd.events():
-            if e["event"] == name:
-                return e
-        time.sleep(0.2)
-    raise RuntimeError(f"no {name} within {timeout}s:\n{wd.log_tail(40)}")
 
 
 def one_run(tmp: Path, slow_hook: bool) -> dict[str, float]:
@@ -68,8 +57,8 @@ def one_run(tmp: Path, slow_hook: bool) -> dict[str, float]:
                 time.sleep(5)
                 with frozen(server.process("VLLM::Worker_TP1")):
                     stopped = time.time()
-                    started = wait_event(wd, "restart_started", 240)
-                recovered = wait_event(wd, "recovered", 400)
+                    started = wd.wait_event("restart_started", 240)
+                recovered = wd.wait_event("recovered", 400)
         finally:
             wd.stop()
         frozen_at = next(event_time(e) for e in wd.events() if e.get("to") == "frozen")

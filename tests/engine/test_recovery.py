@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -58,31 +57,37 @@ timeout = 30
 """)
 
 
-def wait_event(wd: WatchdogProcess, name: str, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [e for e in wd.events() if e["event"] == name]
-        if found:
-            return found[0]
-        time.sleep(0.3)
-    raise AssertionError(f"no {name} event in {timeout}s: {[e['event'] for e in wd.events()]}\n{wd.log_tail(60)}")
+def watched(scripted: ScriptedServer, hook: Receiver, tmp_path: Path) -> tuple[WatchdogProcess, int]:
+    """A served vLLM and a watchdog that has seen it idle; the first server's pid."""
+    scripted.run_script()
+    scripted.wait_ready(300)
+    wd = WatchdogProcess(scripted.url, tmp_path / "wd", restart_config(scripted, hook.url)).start()
+    try:
+        wd.wait_for_state("idle", 120)
+    except BaseException:
+        wd.stop()
+        raise
+    return wd, scripted.pid
+
+
+def alerts_sent(hook: Receiver, count: int) -> list[str]:
+    deadline = time.monotonic() + 30
+    while len(hook.received) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [b["event"] for b in hook.bodies()]
 
 
 def test_frozen_worker_is_captured_alerted_restarted_and_serving_again(
         scripted: ScriptedServer, receiver: Callable[..., Receiver], tmp_path: Path) -> None:
     hook = receiver()
-    scripted.run_script()
-    scripted.wait_ready(300)
-    first_pid = scripted.pid
-    wd = WatchdogProcess(scripted.url, tmp_path / "wd", restart_config(scripted, hook.url)).start()
+    wd, first_pid = watched(scripted, hook, tmp_path)
     try:
-        wd.wait_for_state("idle", 120)
         with LoadGenerator(scripted.url, scripted.model.name, threads=4, duration=300, request_timeout=400):
             time.sleep(3)
             with frozen(scripted.process("VLLM::Worker_TP1")):
-                started = wait_event(wd, "restart_started", 180)
-            recovered = wait_event(wd, "recovered", 360)
-        resolved = wait_event(wd, "resolved", 30)
+                started = wd.wait_event("restart_started", 180)
+            recovered = wd.wait_event("recovered", 360)
+        resolved = wd.wait_event("resolved", 30)
         scripted.wait_ready(60)
     finally:
         wd.stop()
@@ -98,10 +103,7 @@ def test_frozen_worker_is_captured_alerted_restarted_and_serving_again(
     # the pre-start hook ran before the command step (the only start there is), while the old pid was current
     assert scripted.pidfile.with_name("pre-start-ran").read_text().strip() == str(first_pid)
     assert recovered["incident"] == started["incident"] == resolved["incident"]
-    deadline = time.monotonic() + 30
-    while len(hook.received) < 5 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert [b["event"] for b in hook.bodies()] == ["stall_detected", "evidence_captured", "restart_started",
+    assert alerts_sent(hook, 5) == ["stall_detected", "evidence_captured", "restart_started",
                                                   "recovered", "resolved"]
     ev = hook.bodies()[1]["details"]
     assert ev["verdict"] == "stuck" and ev["bundle"] == str(bundle)
@@ -114,24 +116,17 @@ def test_an_engine_that_exits_is_alerted_restarted_and_serving_again(
         scripted: ScriptedServer, receiver: Callable[..., Receiver], tmp_path: Path) -> None:
     """vLLM exits by itself after its 300 s RPC timeout (or crashes): down, then restarted."""
     hook = receiver()
-    scripted.run_script()
-    scripted.wait_ready(300)
-    first_pid = scripted.pid
-    wd = WatchdogProcess(scripted.url, tmp_path / "wd", restart_config(scripted, hook.url)).start()
+    wd, first_pid = watched(scripted, hook, tmp_path)
     try:
-        wd.wait_for_state("idle", 120)
         os.killpg(first_pid, signal.SIGKILL)  # the whole server, as when vLLM's own timeout ends it
-        opened = wait_event(wd, "incident_opened", 60)
-        started = wait_event(wd, "restart_started", 30)
-        recovered = wait_event(wd, "recovered", 360)
-        wait_event(wd, "resolved", 30)
+        opened = wd.wait_event("incident_opened", 60)
+        started = wd.wait_event("restart_started", 30)
+        recovered = wd.wait_event("recovered", 360)
+        wd.wait_event("resolved", 30)
         scripted.wait_ready(60)
     finally:
         wd.stop()
     assert opened["kind"] == "down" and scripted.pid != first_pid
     assert event_time(started) - event_time(opened) < 5.0, "down needs no stacks: the restart follows at once"
     assert recovered["incident"] == opened["incident"]
-    deadline = time.monotonic() + 30
-    while len(hook.received) < 4 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert [b["event"] for b in hook.bodies()] == ["engine_down", "restart_started", "recovered", "resolved"]
+    assert alerts_sent(hook, 4) == ["engine_down", "restart_started", "recovered", "resolved"]

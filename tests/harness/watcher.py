@@ -93,6 +93,17 @@ class WatchdogProcess:
             f"no {state!r} for engine {engine} within {timeout}s; events: {self.states()}\n{self.log_tail()}"
         )
 
+    def wait_event(self, name: str, timeout: float) -> dict[str, Any]:
+        """The first event named `name` (incident_opened, restart_started, recovered, ...), waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [e for e in self.events() if e["event"] == name]
+            if found:
+                return found[0]
+            time.sleep(0.3)
+        raise AssertionError(f"no {name} event in {timeout}s: {[e['event'] for e in self.events()]}\n"
+                             f"{self.log_tail(60)}")
+
     def log_tail(self, n: int = 30) -> str:
         if not self.log_path.exists():
             return ""
