@@ -39,13 +39,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import requests
 import tenacity
 
 from watchdog.config import Config, Secret
+from watchdog.state import iso
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +102,6 @@ class DeliveryError(Exception):
     def __init__(self, status: int) -> None:
         super().__init__(f"HTTP {status}")
         self.status = status
-
-
-def iso(wall: float) -> str:
-    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def sign(secret: Secret, body: bytes) -> str:

@@ -14,9 +14,10 @@ from typing import Any
 
 from watchdog import __version__, operate, triage
 from watchdog.config import Config, ConfigError, load
-from watchdog.daemon import Daemon, build_watcher, iso
+from watchdog.daemon import Daemon, build_watcher
 from watchdog.judge import State, Verdict, worst
 from watchdog.sdnotify import setup_logging
+from watchdog.state import iso
 from watchdog.trace import TraceError, TraceWriter, read_trace, replay
 
 log = logging.getLogger(__name__)

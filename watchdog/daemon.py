@@ -10,7 +10,6 @@ import select
 import signal
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO, Protocol
@@ -35,7 +34,7 @@ from watchdog.judge import (
 from watchdog.probe import Prober
 from watchdog.scrape import MetricsFetcher, Scrape, base_url
 from watchdog.sdnotify import Notifier
-from watchdog.state import save_status
+from watchdog.state import iso, save_status
 from watchdog.trace import TraceWriter
 
 log = logging.getLogger(__name__)
@@ -116,10 +115,6 @@ def build_watcher(cfg: Config, sinks: list[ObservationSink] | None = None) -> Wa
         return ServerProcess(clock(), tree.pid, tree.started, tree.titles)
 
     return Watcher(fetcher, Judge(cfg.thresholds()), prober, sinks, find_server, clock=clock)
-
-
-def iso(wall: float) -> str:
-    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def transition_record(cfg: Config, tr: Transition, wall: float) -> dict[str, object]:

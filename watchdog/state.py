@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,11 @@ class Memory:
     restarts: list[float] = field(default_factory=list)  # wall times of restarts issued
     gave_up: dict[str, Any] | None = None  # {"at", "incident", "reason"} until reset
     incident: Incident | None = None
+
+
+def iso(wall: float) -> str:
+    """Wall time as every file and payload of the watchdog writes it: ISO 8601 UTC, milliseconds, ``Z``."""
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def write_json(path: Path, obj: object, durable: bool = True) -> None:
