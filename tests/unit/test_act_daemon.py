@@ -11,12 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.fakes import FAST, EngineModel, fake_engine, wait_for
 from tests.receiver import Receiver
@@ -89,16 +87,6 @@ class Daemon:
                               start_new_session=True)
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-
-
 def alert_events(hook: Receiver) -> list[str]:
     return [b["event"] for b in hook.bodies()]
 
@@ -110,10 +98,10 @@ def freeze(model: EngineModel) -> None:
 
 
 def test_freeze_is_alerted_restarted_and_proven_back(tmp_path: Path, receiver: Callable[..., Receiver],
-                                                     procs: list[subprocess.Popen[str]]) -> None:
+                                                     daemon_proc: list[subprocess.Popen[str]]) -> None:
     hook = receiver()
     with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
-        d = Daemon(config(tmp_path, url, [hook.url + "/hook"]), tmp_path / "state", procs)
+        d = Daemon(config(tmp_path, url, [hook.url + "/hook"]), tmp_path / "state", daemon_proc)
         d.start("--url", url)
         wait_for(lambda: any(e.get("to") == "idle" for e in d.events("transition")), 30, "idle")
         freeze(model)
@@ -142,10 +130,10 @@ def test_freeze_is_alerted_restarted_and_proven_back(tmp_path: Path, receiver: C
 
 
 def test_an_engine_that_freezes_again_spends_the_budget_and_gives_up(
-        tmp_path: Path, receiver: Callable[..., Receiver], procs: list[subprocess.Popen[str]]) -> None:
+        tmp_path: Path, receiver: Callable[..., Receiver], daemon_proc: list[subprocess.Popen[str]]) -> None:
     hook = receiver()
     with fake_engine(EngineModel(gen=10, prompt=10, after_restart_running=3)) as (url, model):
-        d = Daemon(config(tmp_path, url, [hook.url], restart="budget = 2"), tmp_path / "state", procs)
+        d = Daemon(config(tmp_path, url, [hook.url], restart="budget = 2"), tmp_path / "state", daemon_proc)
         d.start("--url", url)
         wait_for(lambda: any(e.get("to") == "idle" for e in d.events("transition")), 30, "idle")
         freeze(model)
@@ -169,10 +157,10 @@ def test_an_engine_that_freezes_again_spends_the_budget_and_gives_up(
 
 
 def test_pause_blocks_restarts_and_alerts_until_resumed(tmp_path: Path, receiver: Callable[..., Receiver],
-                                                        procs: list[subprocess.Popen[str]]) -> None:
+                                                        daemon_proc: list[subprocess.Popen[str]]) -> None:
     hook = receiver()
     with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
-        d = Daemon(config(tmp_path, url, [hook.url]), tmp_path / "state", procs)
+        d = Daemon(config(tmp_path, url, [hook.url]), tmp_path / "state", daemon_proc)
         r = d.cli("pause", "--for", "2h", "--reason", "driver upgrade")
         assert r.returncode == 0 and "paused until" in r.stdout
         d.start("--url", url)
@@ -194,10 +182,10 @@ def test_pause_blocks_restarts_and_alerts_until_resumed(tmp_path: Path, receiver
 
 
 def test_dry_run_alerts_and_describes_but_acts_on_nothing(tmp_path: Path, receiver: Callable[..., Receiver],
-                                                          procs: list[subprocess.Popen[str]]) -> None:
+                                                          daemon_proc: list[subprocess.Popen[str]]) -> None:
     hook = receiver()
     with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
-        d = Daemon(config(tmp_path, url, [hook.url]), tmp_path / "state", procs)
+        d = Daemon(config(tmp_path, url, [hook.url]), tmp_path / "state", daemon_proc)
         d.start("--url", url, "--dry-run")
         wait_for(lambda: any(e.get("to") == "idle" for e in d.events("transition")), 30, "idle")
         freeze(model)
@@ -225,10 +213,10 @@ def closed_port() -> str:
 
 
 def test_down_and_slow_receivers_never_delay_the_restart(tmp_path: Path, receiver: Callable[..., Receiver],
-                                                         procs: list[subprocess.Popen[str]]) -> None:
+                                                         daemon_proc: list[subprocess.Popen[str]]) -> None:
     slow = receiver(lambda _n: (200, 10.0))  # answers after 10 s
     with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
-        d = Daemon(config(tmp_path, url, [closed_port(), slow.url]), tmp_path / "state", procs)
+        d = Daemon(config(tmp_path, url, [closed_port(), slow.url]), tmp_path / "state", daemon_proc)
         d.start("--url", url)
         wait_for(lambda: any(e.get("to") == "idle" for e in d.events("transition")), 30, "idle")
         freeze(model)
@@ -244,11 +232,11 @@ def test_down_and_slow_receivers_never_delay_the_restart(tmp_path: Path, receive
 
 
 def test_a_watchdog_killed_mid_restart_resumes_without_restarting_twice(
-        tmp_path: Path, receiver: Callable[..., Receiver], procs: list[subprocess.Popen[str]]) -> None:
+        tmp_path: Path, receiver: Callable[..., Receiver], daemon_proc: list[subprocess.Popen[str]]) -> None:
     hook = receiver()
     with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
         # the restart command takes 3 s: the watchdog is killed while it runs
-        d = Daemon(config(tmp_path, url, [hook.url], delay=3.0), tmp_path / "state", procs)
+        d = Daemon(config(tmp_path, url, [hook.url], delay=3.0), tmp_path / "state", daemon_proc)
         d.start("--url", url)
         wait_for(lambda: any(e.get("to") == "idle" for e in d.events("transition")), 30, "idle")
         freeze(model)

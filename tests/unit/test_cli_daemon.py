@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,16 +27,6 @@ def fast_config(tmp_path: Path) -> Path:
     p = tmp_path / "fast.toml"
     p.write_text(FAST)
     return p
-
-
-@pytest.fixture
-def daemon_proc(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
 
 
 def test_check_idle_engine_exits_0_after_the_probe(fast_config: Path) -> None:
