@@ -12,13 +12,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from watchdog import __version__, operate, triage
-from watchdog.config import Config, ConfigError, load
-from watchdog.daemon import Daemon, build_watcher
-from watchdog.judge import State, Verdict, worst
-from watchdog.sdnotify import setup_logging
-from watchdog.state import iso
-from watchdog.trace import TraceError, TraceWriter, read_trace, replay
+from watchdog import __version__
+from watchdog.act import commands as operate
+from watchdog.act.state import iso
+from watchdog.config.load import Config, ConfigError, load
+from watchdog.evidence import commands as triage
+from watchdog.judge.judge import worst
+from watchdog.scrape.trace import TraceError, TraceWriter, read_trace, replay
+from watchdog.service.daemon import Daemon, build_watcher
+from watchdog.service.sdnotify import setup_logging
+from watchdog.types import State, Verdict
 
 log = logging.getLogger(__name__)
 

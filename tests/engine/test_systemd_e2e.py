@@ -26,8 +26,8 @@ from tests.harness.faults import frozen
 from tests.harness.server import BASE_ENV, VllmServer
 from tests.harness.systemd_ns import ThrowawaySystemd, available
 from tests.harness.watcher import event_time
-from watchdog.alerts import verify_signature
-from watchdog.config import Secret
+from watchdog.act.alerts import verify_signature
+from watchdog.config.load import Secret
 
 pytestmark = pytest.mark.engine
 

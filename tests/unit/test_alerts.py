@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from watchdog.alerts import (
+from watchdog.act.alerts import (
     EVENTS,
     Alert,
     AlertmanagerSink,
@@ -25,8 +25,8 @@ from watchdog.alerts import (
     build_dispatcher,
     verify_signature,
 )
-from watchdog.config import ConfigError, Secret, load
-from watchdog.heartbeat import Heartbeat
+from watchdog.act.heartbeat import Heartbeat
+from watchdog.config.load import ConfigError, Secret, load
 
 SECRET = "hmac-s3cret-value-42"
 TOKEN = "T0KEN-in-the-path-99"
@@ -157,7 +157,7 @@ def test_alertmanager_alertname_follows_the_incident_kind() -> None:
 
 
 def test_down_receiver_is_retried_then_given_up_without_blocking(dispatcher, caplog) -> None:
-    caplog.set_level(logging.DEBUG, logger="watchdog.alerts")
+    caplog.set_level(logging.DEBUG, logger="watchdog.act.alerts")
     sink = Counting(WebhookSink(closed_port_url(), Secret(SECRET), name="ops-hook", connect_timeout=1))
     d = dispatcher([sink], RetryPolicy.instant(attempts=4))
     t0 = time.monotonic()

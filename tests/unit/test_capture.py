@@ -16,9 +16,9 @@ from typing import Any
 import psutil
 import pytest
 
-from watchdog.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy, proc_facts, run_argv
-from watchdog.discover import EngineProcess
-from watchdog.stacks import parse_pyspy_json
+from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy, proc_facts, run_argv
+from watchdog.evidence.discover import EngineProcess
+from watchdog.evidence.stacks import parse_pyspy_json
 
 PYSPY = "/opt/fake/py-spy"
 SLEEPER = "import time\ndef parked_here():\n    print('ready', flush=True)\n    time.sleep({seconds})\nparked_here()\n"

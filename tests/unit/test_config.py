@@ -1,4 +1,4 @@
-"""``watchdog.config``: loading, validation (every error names the file and key), immutability, secrets."""
+"""``watchdog.config.load``: loading, validation (every error names the file and key), immutability, secrets."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.config import Config, ConfigError, Secret, load
-from watchdog.judge import Thresholds
-from watchdog.scrape import ScrapeLimits
+from watchdog.config.load import Config, ConfigError, Secret, load
+from watchdog.judge.judge import Thresholds
+from watchdog.scrape.fetch import ScrapeLimits
 
 SECRET = "sk-very-secret-0123456789"
 

@@ -16,7 +16,7 @@ from typing import Any, cast
 import psutil
 import pytest
 
-from watchdog.discover import EngineProcess, discover, parse_title, server_for_port
+from watchdog.evidence.discover import EngineProcess, discover, parse_title, server_for_port
 
 SLEEP = "import time; time.sleep(30)"
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from watchdog.config import Config, load
+from watchdog.config.load import Config, load
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.explain import Cls, ProcessExplanation, Status, classify, cross_rank, poll_parking
-from watchdog.stacks import ProcessStack, parse_any, parse_pyspy_json, parse_text
+from watchdog.evidence.explain import Cls, ProcessExplanation, Status, classify, cross_rank, poll_parking
+from watchdog.evidence.stacks import ProcessStack, parse_any, parse_pyspy_json, parse_text
 
 DUMPS = Path(__file__).resolve().parents[1] / "data" / "dumps"
 

@@ -6,18 +6,8 @@ import itertools
 
 import pytest
 
-from watchdog.judge import (
-    SERVER,
-    Judge,
-    ProbeFinished,
-    ProbeStarted,
-    StackEvidence,
-    State,
-    Thresholds,
-    worst,
-)
-from watchdog.page import EngineReading, PageReading
-from watchdog.scrape import Scrape
+from watchdog.judge.judge import SERVER, Judge, Thresholds, worst
+from watchdog.types import EngineReading, PageReading, ProbeFinished, ProbeStarted, Scrape, StackEvidence, State
 
 TH = Thresholds(suspect_after=15, stall_window=40, probe_interval=30, probe_retry=5)
 
@@ -300,7 +290,7 @@ def test_stall_clock_starts_when_work_appears_not_at_last_progress() -> None:
 
 def test_closed_port_with_a_new_server_process_is_starting_an_old_one_dying_is_down() -> None:
     """vLLM binds its port only after loading: while it loads, the port refuses but its process runs."""
-    from watchdog.judge import ServerProcess
+    from watchdog.judge.judge import ServerProcess
 
     j = Judge(TH)
     j.observe(ServerProcess(0, 4242, started_wall=1e9 - 30, titles=("VLLM::EngineCore",)))

@@ -1,4 +1,4 @@
-"""``watchdog.page.read_page`` agrees with ``prometheus_client``'s full parser.
+"""``watchdog.scrape.page.read_page`` agrees with ``prometheus_client``'s full parser.
 
 The reference below reads a page with ``prometheus_client.parser.text_string_to_metric_families`` and applies
 read_page's documented rules to its samples: per ``engine`` label (absent: "0"), each gauge in ``GAUGES`` is the
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from watchdog.page import COUNTERS, DEFAULT_ENGINE, GAUGES, EngineReading, PageError, PageReading, read_page
+from watchdog.scrape.page import COUNTERS, DEFAULT_ENGINE, GAUGES, PageError, read_page
+from watchdog.types import EngineReading, PageReading
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "metrics"

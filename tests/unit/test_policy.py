@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.config import load
-from watchdog.operate import parse_duration, status_of
-from watchdog.policy import Budget, Choice, choose
-from watchdog.state import (
+from watchdog.act.commands import parse_duration, status_of
+from watchdog.act.policy import Budget, Choice, choose
+from watchdog.act.state import (
     Control,
     Incident,
     Memory,
@@ -20,6 +19,7 @@ from watchdog.state import (
     save_memory,
     save_status,
 )
+from watchdog.config.load import load
 
 B = Budget(budget=3, window=3600.0, backoff_initial=60.0, backoff_max=900.0)
 NOW = 1_800_000_000.0

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from watchdog.act_config import RestartSection, StepSection
-from watchdog.alerts import Alert
-from watchdog.config import Config, load
-from watchdog.judge import State, Verdict
-from watchdog.recovery import Progress, RecoveryDone, RecoveryJob
-from watchdog.respond import Responder
-from watchdog.state import Control, Incident, Memory, save_control, save_memory
+from watchdog.act.alerts import Alert
+from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
+from watchdog.act.respond import Responder
+from watchdog.act.state import Control, Incident, Memory, save_control, save_memory
+from watchdog.config.act import RestartSection, StepSection
+from watchdog.config.load import Config, load
+from watchdog.types import State, Verdict
 
 T0 = 1_800_000_000.0
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.act_config import RestartSection, StepSection
-from watchdog.restart import (
+from watchdog.act.restart import (
     OUTPUT_TAIL_BYTES,
     LocalRunner,
     Restarter,
@@ -24,6 +23,7 @@ from watchdog.restart import (
     docker_stop_time,
     plan,
 )
+from watchdog.config.act import RestartSection, StepSection
 
 SYSTEMCTL = ("systemctl", "--no-ask-password")
 
@@ -143,13 +143,13 @@ def test_describe_quotes_each_argv_for_display() -> None:
 
 def test_restarter_runs_every_command_in_order_and_logs_one_line_each(caplog: pytest.LogCaptureFixture) -> None:
     r, runner = restarter(mixed_stack(pre_start=("/bin/hook",)), took=2.0)
-    with caplog.at_level(logging.INFO, logger="watchdog.restart"):
+    with caplog.at_level(logging.INFO, logger="watchdog.act.restart"):
         outcome = r.run()
     assert outcome.ok and outcome.failed == "" and not outcome.cancelled
     assert runner.argvs == [c.argv for c in plan(mixed_stack(pre_start=("/bin/hook",)))]
     assert runner.argvs[2] == ("/bin/hook",)
     assert len(outcome.results) == 5 and outcome.duration == pytest.approx(10.0)
-    lines = [rec.getMessage() for rec in caplog.records if rec.name == "watchdog.restart"]
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "watchdog.act.restart"]
     assert lines[0] == "restart: systemd stop a.service: ok (rc 0, 2.0s)" and len(lines) == 5
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.judge import SERVER, Judge, State, Verdict
-from watchdog.scrape import MetricsFetcher, Scrape, ScrapeLimits, base_url
+from watchdog.judge.judge import SERVER, Judge
+from watchdog.scrape.fetch import MetricsFetcher, ScrapeLimits
+from watchdog.types import Scrape, State, Verdict, base_url
 
 pytestmark = pytest.mark.timeout(120)
 

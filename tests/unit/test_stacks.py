@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.stacks import (
+from watchdog.evidence.stacks import (
     Frame,
     ProcessStack,
     StackParseError,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from watchdog.stacks import Frame, ProcessStack, ThreadStack
+from watchdog.evidence.stacks import Frame, ProcessStack, ThreadStack
 
 
 class Cls(StrEnum):

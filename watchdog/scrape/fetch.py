@@ -10,37 +10,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import requests
 import urllib3
 
-from watchdog.page import PageError, PageReading, read_page
+from watchdog.scrape.page import PageError, read_page
+from watchdog.types import NO_ANSWER, Scrape, base_url
 
 log = logging.getLogger(__name__)
 
 # Error kinds, grouped by what they say about the server.
-DOWN_KINDS = frozenset({"refused", "unreachable", "http_5xx"})
-NO_ANSWER = "no_answer"  # connected, but no response in time: still loading, or the API server is hung
-
-
-@dataclass(frozen=True, slots=True)
-class Scrape:
-    """One look at the page. ``t`` is the judge's clock (monotonic seconds); ``wall`` is for people."""
-
-    t: float
-    wall: float
-    page: PageReading | None
-    error_kind: str | None = None
-    error: str = ""
-    status: int | None = None
-    size: int = 0
-    elapsed: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.page is not None
-
 
 @dataclass(frozen=True, slots=True)
 class ScrapeLimits:
@@ -49,17 +28,6 @@ class ScrapeLimits:
     deadline: float = 10.0  # whole request, including a server that trickles bytes
     max_bytes: int = 16 * 1024 * 1024
     max_redirects: int = 3
-
-
-def base_url(url: str) -> str:
-    """The server's base URL, accepting a URL that already ends in /metrics."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"not an http(s) URL: {url!r} (expected e.g. http://127.0.0.1:8000)")
-    path = parts.path.rstrip("/")
-    if path.endswith("/metrics"):
-        path = path[: -len("/metrics")]
-    return f"{parts.scheme}://{parts.netloc}{path}"
 
 
 class MetricsFetcher:

@@ -9,8 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from watchdog.judge import ProbeFinished, State, Transition, Verdict
-from watchdog.scrape import Scrape
+from watchdog.types import ProbeFinished, Scrape, State, Transition, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -44,8 +44,8 @@ from typing import Any, Protocol
 import requests
 import tenacity
 
-from watchdog.config import Config, Secret
-from watchdog.state import iso
+from watchdog.act.state import iso
+from watchdog.config.load import Config, Secret
 
 log = logging.getLogger(__name__)
 

@@ -20,22 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-from watchdog.page import SERVING_COUNTERS, EngineReading
-from watchdog.scrape import DOWN_KINDS, NO_ANSWER, Scrape
+from watchdog.types import (
+    DOWN_KINDS,
+    NO_ANSWER,
+    SERVING_COUNTERS,
+    EngineReading,
+    Observation,
+    ProbeFinished,
+    ProbeStarted,
+    Scrape,
+    ServerProcess,
+    StackEvidence,
+    State,
+    Transition,
+    Verdict,
+)
 
 SERVER = "server"  # the pseudo-engine that carries verdicts before any engine has been seen
-
-
-class State(StrEnum):
-    STARTING = "starting"
-    IDLE = "idle"
-    WORKING = "working"
-    SUSPECT = "suspect"
-    FROZEN = "frozen"
-    DOWN = "down"
-    BLIND = "blind"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,77 +47,6 @@ class Thresholds:
     probe_interval: float = 30.0  # 0 disables probes
     probe_retry: float = 5.0  # while starting, how often to try to prove the engine serves
     kv_epsilon: float = 1e-12
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeStarted:
-    t: float
-    probe_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeFinished:
-    t: float
-    probe_id: int
-    ok: bool
-    answered: bool  # False: no response before the deadline (or connection lost)
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class StackEvidence:
-    """A later stage's reading of the stacks: ``stuck`` True confirms a suspicion, False clears it, None means the
-    stacks could not decide (no py-spy, ptrace denied, an incomplete capture): the metric window decides, and its
-    verdict says so.
-
-    ``t`` is when the reading arrived; ``captured_at`` when the stacks were taken (progress seen after that
-    makes the reading stale). Left at 0, it means ``t``.
-    """
-
-    t: float
-    engine: str
-    stuck: bool | None
-    reason: str
-    captured_at: float = 0.0
-
-    @property
-    def taken(self) -> float:
-        return self.captured_at or self.t
-
-
-@dataclass(frozen=True, slots=True)
-class ServerProcess:
-    """What the process table said while the port was closed: a server process for it, and since when."""
-
-    t: float
-    pid: int | None  # None: no server process for the port
-    started_wall: float = 0.0
-    titles: tuple[str, ...] = ()
-
-
-Observation = Scrape | ProbeStarted | ProbeFinished | StackEvidence | ServerProcess
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    engine: str
-    state: State
-    reason: str
-    since: float
-    t: float
-    stalled_for: float = 0.0
-    incarnation: int = 1
-    model: str = ""
-    last_progress: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    t: float
-    engine: str
-    from_state: State | None
-    to_state: State
-    reason: str
 
 
 @dataclass(slots=True)

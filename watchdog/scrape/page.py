@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+
+from watchdog.types import EngineReading, PageReading
 
 # Gauges the judgement reads, with the older spelling mapped onto the current one.
 GAUGES: Mapping[str, str] = {
@@ -38,7 +39,6 @@ COUNTERS: Mapping[str, str] = {
 }
 
 # Counters that only move when a request emits output: their advance proves the engine serves.
-SERVING_COUNTERS = frozenset({"generation_tokens", "request_success"})
 
 # Old spellings count only when the current one is absent (vLLM 0.9/0.10 exposed both at once).
 LEGACY = frozenset({"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total"})
@@ -67,25 +67,6 @@ class PageError(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class EngineReading:
-    """What one engine's series said on one page."""
-
-    engine: str
-    model: str = ""
-    running: float | None = None
-    waiting: float | None = None
-    kv_usage: float | None = None
-    counters: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class PageReading:
-    engines: Mapping[str, EngineReading]
-    vllm_series: int  # how many `vllm:` sample lines the page had (of any name)
-    dropped: tuple[str, ...] = ()  # values ignored because they were NaN or infinite
 
 
 def _parse_labels(text: str) -> dict[str, str]:

@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from watchdog.capture import Capture
-from watchdog.context import Context
-from watchdog.evidence import Findings, ProcessFinding
-from watchdog.stacks import Frame
+from watchdog.evidence.capture import Capture
+from watchdog.evidence.context import Context
+from watchdog.evidence.findings import Findings, ProcessFinding
+from watchdog.evidence.stacks import Frame
 
 MANIFEST_VERSION = 1
 PARTIAL = ".partial-"

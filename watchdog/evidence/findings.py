@@ -10,9 +10,9 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from watchdog.capture import Capture, Dump
-from watchdog.discover import EngineProcess
-from watchdog.explain import (
+from watchdog.evidence.capture import Capture, Dump
+from watchdog.evidence.discover import EngineProcess
+from watchdog.evidence.explain import (
     Cls,
     CrossRankVerdict,
     HypothesisVerdict,
@@ -21,7 +21,7 @@ from watchdog.explain import (
     cross_rank,
     poll_parking,
 )
-from watchdog.stacks import Frame, ProcessStack, StackParseError, parse_pyspy_json
+from watchdog.evidence.stacks import Frame, ProcessStack, StackParseError, parse_pyspy_json
 
 _ROLE = {"engine_core": "engine", "worker": "worker", "api_server": "api_server", "dp_coordinator": "dp_coordinator",
          "sglang_scheduler": "scheduler", "ray_worker": "worker"}

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Protocol
 
-from watchdog.act_config import RestartSection, StepSection
+from watchdog.config.act import RestartSection, StepSection
 
 log = logging.getLogger(__name__)
 

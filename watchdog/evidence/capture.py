@@ -21,7 +21,7 @@ from typing import Protocol
 
 import psutil
 
-from watchdog.discover import EngineProcess
+from watchdog.evidence.discover import EngineProcess
 
 log = logging.getLogger(__name__)
 

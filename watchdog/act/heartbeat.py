@@ -12,7 +12,7 @@ import threading
 
 import requests
 
-from watchdog.config import Secret
+from watchdog.config.load import Secret
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 
 import tenacity
 
-from watchdog.act_config import RestartSection
+from watchdog.config.act import RestartSection
 
 
 class Choice(StrEnum):

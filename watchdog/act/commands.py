@@ -1,6 +1,6 @@
 """Operator switches and the daemon's status: ``watchdog pause / resume / reset / status``.
 
-The switches are written to ``STATE_DIR/control.json`` (see `watchdog.state`); the running daemon reads that file
+The switches are written to ``STATE_DIR/control.json`` (see `watchdog.act.state`); the running daemon reads that file
 every pass, so they take effect within a second, and they survive restarts of the watchdog and of the machine.
 """
 
@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from watchdog.config import Config
-from watchdog.state import load_control, load_status, save_control
+from watchdog.act.state import load_control, load_status, save_control
+from watchdog.config.load import Config
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")

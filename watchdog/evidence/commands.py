@@ -9,12 +9,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from watchdog.bundle import BundleError, list_bundles
-from watchdog.config import Config
-from watchdog.explain import ProcessExplanation, classify, cross_rank, poll_parking
-from watchdog.investigate import Investigator
-from watchdog.scrape import MetricsFetcher
-from watchdog.stacks import Frame, StackParseError, parse_any
+from watchdog.config.load import Config
+from watchdog.evidence.bundle import BundleError, list_bundles
+from watchdog.evidence.explain import ProcessExplanation, classify, cross_rank, poll_parking
+from watchdog.evidence.investigate import Investigator
+from watchdog.evidence.stacks import Frame, StackParseError, parse_any
+from watchdog.scrape.fetch import MetricsFetcher
 
 EXIT_COMPLETE, EXIT_INCOMPLETE, EXIT_NOTHING = 0, 1, 2
 

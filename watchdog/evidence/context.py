@@ -16,7 +16,7 @@ import psutil
 import requests
 
 from watchdog import __version__
-from watchdog.capture import DumpRunner, run_argv
+from watchdog.evidence.capture import DumpRunner, run_argv
 
 log = logging.getLogger(__name__)
 

@@ -14,28 +14,30 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Protocol
 
-from watchdog.act import Act
-from watchdog.config import Config
-from watchdog.discover import server_for_port
-from watchdog.evidence import Decision
-from watchdog.exporter import Exporter
-from watchdog.investigate import EvidenceJob, EvidenceRunner, Investigator
-from watchdog.judge import (
-    Judge,
+from watchdog.act.assemble import Act
+from watchdog.act.state import iso, save_status
+from watchdog.config.load import Config
+from watchdog.evidence.discover import server_for_port
+from watchdog.evidence.findings import Decision
+from watchdog.evidence.investigate import EvidenceJob, EvidenceRunner, Investigator
+from watchdog.judge.judge import Judge
+from watchdog.scrape.fetch import MetricsFetcher
+from watchdog.scrape.probe import Prober
+from watchdog.scrape.trace import TraceWriter
+from watchdog.service.exporter import Exporter
+from watchdog.service.sdnotify import Notifier
+from watchdog.types import (
     Observation,
     ProbeFinished,
     ProbeStarted,
+    Scrape,
     ServerProcess,
     StackEvidence,
     State,
     Transition,
     Verdict,
+    base_url,
 )
-from watchdog.probe import Prober
-from watchdog.scrape import MetricsFetcher, Scrape, base_url
-from watchdog.sdnotify import Notifier
-from watchdog.state import iso, save_status
-from watchdog.trace import TraceWriter
 
 log = logging.getLogger(__name__)
 

@@ -12,18 +12,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from watchdog.judge import (
-    Judge,
+from watchdog.judge.judge import Judge, Thresholds
+from watchdog.types import (
+    EngineReading,
     Observation,
+    PageReading,
     ProbeFinished,
     ProbeStarted,
+    Scrape,
     ServerProcess,
     StackEvidence,
-    Thresholds,
     Transition,
 )
-from watchdog.page import EngineReading, PageReading
-from watchdog.scrape import Scrape
 
 TRACE_VERSION = 1
 

@@ -5,10 +5,10 @@ Every pass the daemon hands over the judge's verdicts. An incident opens when an
 
 1. alert (``stall_detected`` or ``engine_down``); a freeze waits for its stacks (``evidence_captured``) at most
    ``evidence_timeout`` seconds;
-2. confirm it is still bad with this pass's verdicts, and ask the policy (`watchdog.policy.choose`): restart, wait
+2. confirm it is still bad with this pass's verdicts, and ask the policy (`watchdog.act.policy.choose`): restart, wait
    (backoff), hold (the stacks show work), give up (budget spent), or only watch (paused, dry run, nothing
    configured);
-3. a restart runs in the background (`watchdog.recovery`); the policy is paused for the stack until the engine
+3. a restart runs in the background (`watchdog.act.recovery`); the policy is paused for the stack until the engine
    serves again (``recovered``, then ``resolved``) or not (``restart_failed``, and back to 2).
 
 An incident that clears by itself is ``resolved``. The open incident and the restarts issued are written to the
@@ -25,13 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from watchdog.alerts import Alert
-from watchdog.config import Config
-from watchdog.judge import State, Verdict
-from watchdog.policy import Budget, Choice, choose
-from watchdog.recovery import Progress, RecoveryDone, RecoveryJob
-from watchdog.scrape import base_url
-from watchdog.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
+from watchdog.act.alerts import Alert
+from watchdog.act.policy import Budget, Choice, choose
+from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
+from watchdog.act.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
+from watchdog.config.load import Config
+from watchdog.types import State, Verdict, base_url
 
 log = logging.getLogger(__name__)
 

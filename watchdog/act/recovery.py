@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from watchdog.restart import RestartOutcome
+from watchdog.act.restart import RestartOutcome
 
 log = logging.getLogger(__name__)
 

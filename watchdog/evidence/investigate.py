@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from watchdog.bundle import BundleError, Incident, new_id, prune, write_bundle
-from watchdog.capture import MISSING_HINT, PTRACE_HINT, Capture, Capturer, find_pyspy
-from watchdog.config import Config
-from watchdog.context import LogSource, fetch_metrics_page, gather
-from watchdog.discover import EngineProcess, discover
-from watchdog.evidence import Findings, assess
-from watchdog.scrape import base_url
+from watchdog.config.load import Config
+from watchdog.evidence.bundle import BundleError, Incident, new_id, prune, write_bundle
+from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capture, Capturer, find_pyspy
+from watchdog.evidence.context import LogSource, fetch_metrics_page, gather
+from watchdog.evidence.discover import EngineProcess, discover
+from watchdog.evidence.findings import Findings, assess
+from watchdog.types import base_url
 
 log = logging.getLogger(__name__)
 

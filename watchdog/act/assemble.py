@@ -15,15 +15,14 @@ from typing import Any
 
 import requests
 
-from watchdog.alerts import Alert, Dispatcher, build_dispatcher
-from watchdog.config import Config, Secret
-from watchdog.heartbeat import Heartbeat
-from watchdog.judge import State, Verdict
-from watchdog.probe import generate_once
-from watchdog.recovery import RecoveryRunner
-from watchdog.respond import Responder
-from watchdog.restart import Restarter, RestartOutcome, describe
-from watchdog.scrape import base_url
+from watchdog.act.alerts import Alert, Dispatcher, build_dispatcher
+from watchdog.act.heartbeat import Heartbeat
+from watchdog.act.recovery import RecoveryRunner
+from watchdog.act.respond import Responder
+from watchdog.act.restart import Restarter, RestartOutcome, describe
+from watchdog.config.load import Config, Secret
+from watchdog.scrape.probe import generate_once
+from watchdog.types import State, Verdict, base_url
 
 log = logging.getLogger(__name__)
 

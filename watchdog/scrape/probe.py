@@ -18,9 +18,8 @@ from typing import Any
 
 import requests
 
-from watchdog.config import Secret
-from watchdog.judge import ProbeFinished, ProbeStarted
-from watchdog.scrape import base_url
+from watchdog.config.load import Secret
+from watchdog.types import ProbeFinished, ProbeStarted, base_url
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from watchdog.act_config import AlertsSection, RestartSection, SinkSection, StepSection, check_alerts, check_restart
-from watchdog.judge import Thresholds
-from watchdog.scrape import ScrapeLimits, base_url
+from watchdog.config.act import AlertsSection, RestartSection, SinkSection, StepSection, check_alerts, check_restart
+from watchdog.judge.judge import Thresholds
+from watchdog.scrape.fetch import ScrapeLimits
+from watchdog.types import base_url
 
 
 class ConfigError(Exception):

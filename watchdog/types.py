@@ -1,0 +1,172 @@
+"""The data every stage hands to the next: the root of the package's import graph.
+
+scrape -> judge -> evidence -> act -> service: each stage reads these frozen records and produces the next.
+Pure: this module imports nothing from the package and does no I/O, so judgement, explanation and policy can
+use it freely (``tests/unit/test_layout.py`` holds that rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from urllib.parse import urlsplit
+
+# -- what a scrape reads off the page -------------------------------------------------------------------
+
+# Counters that only move when a request emits output: their advance proves the engine serves.
+SERVING_COUNTERS = frozenset({"generation_tokens", "request_success"})
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    """What one engine's series said on one page."""
+
+    engine: str
+    model: str = ""
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    counters: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PageReading:
+    engines: Mapping[str, EngineReading]
+    vllm_series: int  # how many `vllm:` sample lines the page had (of any name)
+    dropped: tuple[str, ...] = ()  # values ignored because they were NaN or infinite
+
+
+# Scrape error kinds, grouped by what they say about the server.
+DOWN_KINDS = frozenset({"refused", "unreachable", "http_5xx"})
+NO_ANSWER = "no_answer"  # connected, but no response in time: still loading, or the API server is hung
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One look at the page. ``t`` is the judge's clock (monotonic seconds); ``wall`` is for people."""
+
+    t: float
+    wall: float
+    page: PageReading | None
+    error_kind: str | None = None
+    error: str = ""
+    status: int | None = None
+    size: int = 0
+    elapsed: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.page is not None
+
+
+def base_url(url: str) -> str:
+    """The server's base URL, accepting a URL that already ends in /metrics."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http(s) URL: {url!r} (expected e.g. http://127.0.0.1:8000)")
+    path = parts.path.rstrip("/")
+    if path.endswith("/metrics"):
+        path = path[: -len("/metrics")]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+# -- what the judge says ---------------------------------------------------------------------------------
+
+
+class State(StrEnum):
+    STARTING = "starting"
+    IDLE = "idle"
+    WORKING = "working"
+    SUSPECT = "suspect"
+    FROZEN = "frozen"
+    DOWN = "down"
+    BLIND = "blind"
+
+
+# -- observations: what the judge is fed, each stamped with the judge's clock ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeStarted:
+    t: float
+    probe_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeFinished:
+    t: float
+    probe_id: int
+    ok: bool
+    answered: bool  # False: no response before the deadline (or connection lost)
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StackEvidence:
+    """A later stage's reading of the stacks: ``stuck`` True confirms a suspicion, False clears it, None means the
+    stacks could not decide (no py-spy, ptrace denied, an incomplete capture): the metric window decides, and its
+    verdict says so.
+
+    ``t`` is when the reading arrived; ``captured_at`` when the stacks were taken (progress seen after that
+    makes the reading stale). Left at 0, it means ``t``.
+    """
+
+    t: float
+    engine: str
+    stuck: bool | None
+    reason: str
+    captured_at: float = 0.0
+
+    @property
+    def taken(self) -> float:
+        return self.captured_at or self.t
+
+
+@dataclass(frozen=True, slots=True)
+class ServerProcess:
+    """What the process table said while the port was closed: a server process for it, and since when."""
+
+    t: float
+    pid: int | None  # None: no server process for the port
+    started_wall: float = 0.0
+    titles: tuple[str, ...] = ()
+
+
+Observation = Scrape | ProbeStarted | ProbeFinished | StackEvidence | ServerProcess
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    engine: str
+    state: State
+    reason: str
+    since: float
+    t: float
+    stalled_for: float = 0.0
+    incarnation: int = 1
+    model: str = ""
+    last_progress: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    t: float
+    engine: str
+    from_state: State | None
+    to_state: State
+    reason: str
+
+
+# -- one identity per incident --------------------------------------------------------------------------
+
+
+def incident_id(wall: float, stack: str, engine: str, kind: str, nonce: str) -> str:
+    """The one id of an incident: its bundle directory, every event, every alert, ``status`` and ``show``.
+
+    Sortable by time and readable at 3 a.m.; ``nonce`` (a few random hex digits from the caller) keeps two
+    incidents of the same second apart.
+    """
+    stamp = datetime.fromtimestamp(wall, UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{stack}-engine{engine}-{kind}-{nonce}"
