@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy, proc_facts, run_argv
-from watchdog.evidence.discover import EngineProcess
+from watchdog.evidence.model import EngineProcess
 from watchdog.evidence.stacks import parse_pyspy_json
 
 PYSPY = "/opt/fake/py-spy"

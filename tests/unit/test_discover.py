@@ -16,7 +16,9 @@ from typing import Any, cast
 import psutil
 import pytest
 
-from watchdog.evidence.discover import EngineProcess, discover, parse_title, server_for_port
+from watchdog.evidence.discover import discover, server_for_port
+from watchdog.evidence.model import EngineProcess
+from watchdog.evidence.roles import parse_title
 
 SLEEP = "import time; time.sleep(30)"
 
@@ -33,10 +35,10 @@ SLEEP = "import time; time.sleep(30)"
     ("VLLM::APIServer_0", ("api_server", {})),
     ("VLLM::DPCoordinator", ("dp_coordinator", {})),
     ("VLLM::SomethingNew", ("process", {})),
-    ("sglang::scheduler_DP1_TP3", ("sglang_scheduler", {"DP": 1, "TP": 3})),
-    ("sglang::scheduler", ("sglang_scheduler", {})),
-    ("ray::RayWorkerWrapper", ("ray_worker", {})),
-    ("ray::RayWorkerWrapper.execute_method", ("ray_worker", {})),
+    ("sglang::scheduler_DP1_TP3", ("scheduler", {"DP": 1, "TP": 3})),
+    ("sglang::scheduler", ("scheduler", {})),
+    ("ray::RayWorkerWrapper", ("worker", {})),
+    ("ray::RayWorkerWrapper.execute_method", ("worker", {})),
 ])
 def test_parse_title_engine_titles(title: str, expected: tuple[str, dict[str, int]]) -> None:
     assert parse_title(title) == expected

@@ -18,11 +18,11 @@ import pytest
 
 from watchdog.evidence import bundle
 from watchdog.evidence.bundle import BundleError, Incident, list_bundles, new_id, prune, write_bundle
-from watchdog.evidence.capture import PTRACE_HINT, Capture, Dump, ProcFacts
+from watchdog.evidence.capture import PTRACE_HINT
 from watchdog.evidence.context import RING_WARNING, Context, LogSource, gather, log_tail
-from watchdog.evidence.discover import EngineProcess
 from watchdog.evidence.explain import Cls, Status
 from watchdog.evidence.findings import Decision, Findings, assess
+from watchdog.evidence.model import Capture, Dump, EngineProcess, ProcFacts
 
 ROOT = Path(__file__).resolve().parents[2]
 DUMPS = ROOT / "tests" / "data" / "dumps"
@@ -501,7 +501,7 @@ def test_explain_json_two_files_gives_cross_rank_and_poll_parking(tmp_path: Path
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     classes = [(p["role"], p["class"]) for p in out["processes"]]
-    assert classes == [("engine", "engine_idle"), ("worker", "in_collective")]
+    assert classes == [("engine_core", "engine_idle"), ("worker", "in_collective")]
     assert all(p["frames"] and {"function", "file", "line"} <= set(p["frames"][0]) for p in out["processes"])
     assert set(out["cross_rank"]) == {"culprit", "reason"} and set(out["poll_parking"]) == {"status", "reason"}
     assert out["poll_parking"]["status"] == "CONTRADICTED"  # a rank in a collective

@@ -69,7 +69,7 @@ CORPUS: dict[str, list[tuple[str, str | None, dict[str, int], Cls, str, list[str
          ["ncclCommInitRank", "__init__", "__init__", "__init__"], False)],
     "vllm-17676-enginecore-flashinfer-sampling-warmup.txt": [
         # hand: other:startup_warmup_sampler_kernel ("closest: model_forward"): model_forward, `why` says startup.
-        ("EngineCore", "engine", {}, C.MODEL_FORWARD, "thread 2403",
+        ("EngineCore", "engine_core", {}, C.MODEL_FORWARD, "thread 2403",
          ["top_k_top_p_sampling_from_logits", "_auto_dump_wrapper", "flashinfer_sample", "sample", "__call__",
           "sample", "sample_tokens"], False)],
     "vllm-18466-worker-v1-abort-in-acquire-read-faulthandler.txt": [
@@ -83,7 +83,7 @@ CORPUS: dict[str, list[tuple[str, str | None, dict[str, int], Cls, str, list[str
     "vllm-50835-enginecore-ray-pp-dequeue-recv.txt": [
         # hand: shm_reader_poll (EngineCore side). Same state; our vocabulary names the EngineCore-side reader
         # engine_waiting_workers because get_response sits above it.
-        ("EngineCore", "engine", {}, C.ENGINE_WAITING_WORKERS, "MainThread",
+        ("EngineCore", "engine_core", {}, C.ENGINE_WAITING_WORKERS, "MainThread",
          ["poll", "poll", "recv", "dequeue", "get_response", "_wait_for_response"], False)],
     "vllm-ascend-repo53773705266-worker-ep72-npu-sync-acl-graph-dummy-run.txt": [
         # hand: cuda_sync (NPU).
@@ -92,7 +92,7 @@ CORPUS: dict[str, list[tuple[str, str | None, dict[str, int], Cls, str, list[str
     "vllm-lmcache-4759-enginecore-background-threads-idle.txt": [
         # hand: idle_wait_requests, taken from the poster's prose. DISAGREE: the excerpt holds only the last frame
         # of MainThread (<module>) and helper threads, which never decide. The dump alone cannot say idle: unknown.
-        ("engine", "engine", {}, C.UNKNOWN, "unnamed thread", ["<module>"], False)],
+        ("engine_core", "engine_core", {}, C.UNKNOWN, "unnamed thread", ["<module>"], False)],
     "vllm-pr41834-worker-tp0-ep0-idle-shm-poll.txt": [
         # hand: shm_reader_poll (healthy idle).
         ("Worker_TP0_EP0", "worker", {"TP": 0, "EP": 0}, C.IDLE_READER_WAIT, "MainThread",
@@ -105,20 +105,20 @@ CORPUS: dict[str, list[tuple[str, str | None, dict[str, int], Cls, str, list[str
          False)],
     "vllm-repo55180035228-enginecore-response-mq-poll-locals.txt": [
         # hand: shm_reader_poll (EngineCore). DISAGREE without a role: the author cut every frame above dequeue, so
-        # nothing shows whose queue this is; it reads as a worker's reader. Given role="engine" (the caller knows the
-        # process title) it is engine_waiting_workers: see test_trimmed_reader_takes_its_owner_from_the_role.
+        # nothing shows whose queue this is; it reads as a worker's reader. Given role="engine_core" (the caller knows
+        # the process title) it is engine_waiting_workers: see test_trimmed_reader_takes_its_owner_from_the_role.
         ("process", None, {}, C.IDLE_READER_WAIT, "MainThread", ["poll", "wait", "acquire_read", "dequeue"], False)],
     "vllm-repo55536668370-enginecore-idle-input-queue.txt": [
         # hand: idle_wait_requests.
-        ("engine", "engine", {}, C.ENGINE_IDLE, "MainThread", ["wait", "get", "_process_input_queue", "run_busy_loop"],
-         False)],
+        ("engine_core", "engine_core", {}, C.ENGINE_IDLE, "MainThread",
+         ["wait", "get", "_process_input_queue", "run_busy_loop"], False)],
     "vllm-repo68901464014-enginecore-xpu-urEventWait-gdn-metadata.txt": [
         # hand: cuda_sync (XPU). The header names MTP speculative decoding, but no frame shows it: spec_decode False.
-        ("engine", "engine", {}, C.DEVICE_WAIT, "MainThread",
+        ("engine_core", "engine_core", {}, C.DEVICE_WAIT, "MainThread",
          ["ur::level_zero::urEventWait", "build", "build_attn_metadata", "prepare_attn"], False)],
     "vllm-v0-musa-repo71281069120-driver-rank0-broadcast-tensor-dict.txt": [
         # hand: nccl_collective; V0 driver = the engine process (run_engine_loop).
-        ("engine", "engine", {}, C.IN_COLLECTIVE, "unnamed thread",
+        ("engine_core", "engine_core", {}, C.IN_COLLECTIVE, "unnamed thread",
          ["broadcast", "wrapper", "broadcast_tensor_dict", "broadcast_tensor_dict"], False)],
     "gpu-pyspy-native-wedged.txt": [
         # no hand class; INDEX-free H200 capture of a host blocked in a device sync behind a spinning kernel.
@@ -157,8 +157,8 @@ def test_why_sentences_say_what_matters() -> None:
 
 def test_trimmed_reader_takes_its_owner_from_the_role() -> None:
     (ps,) = parse_any((DUMPS / "vllm-repo55180035228-enginecore-response-mq-poll-locals.txt").read_bytes())
-    e = classify(ps, role="engine")
-    assert (e.cls, e.role) == (Cls.ENGINE_WAITING_WORKERS, "engine")
+    e = classify(ps, role="engine_core")
+    assert (e.cls, e.role) == (Cls.ENGINE_WAITING_WORKERS, "engine_core")
 
 
 def test_real_pyspy_json_of_a_mimic_worker_classifies() -> None:
@@ -318,7 +318,7 @@ def test_titles_give_role_and_rank() -> None:
     assert (expl("VLLM::Worker_DP1_PP0_TP2_EP3").rank) == {"DP": 1, "PP": 0, "TP": 2, "EP": 3}
     assert [expl(t).role for t in ("VLLM::EngineCore_DP1", "VLLM::Worker", "VLLM::APIServer_0", "VLLM::DPCoordinator",
                                    "sglang::scheduler_DP1_TP3", "ray::RayWorkerWrapper.execute_method")] == [
-        "engine", "worker", "api_server", "dp_coordinator", "scheduler", "worker"]
+        "engine_core", "worker", "api_server", "dp_coordinator", "scheduler", "worker"]
     empty = expl("VLLM::EngineCore_DP1")
     assert (empty.cls, empty.name, empty.rank) == (Cls.UNKNOWN, "EngineCore_DP1", {"DP": 1})
 

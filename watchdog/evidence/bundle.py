@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from watchdog.evidence.capture import Capture
 from watchdog.evidence.context import Context
 from watchdog.evidence.findings import Findings, ProcessFinding
+from watchdog.evidence.model import Capture
 from watchdog.evidence.stacks import Frame
 
 MANIFEST_VERSION = 1

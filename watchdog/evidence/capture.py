@@ -15,13 +15,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
-from watchdog.evidence.discover import EngineProcess
+from watchdog.evidence.model import Capture, Dump, EngineProcess, ProcFacts
 
 log = logging.getLogger(__name__)
 
@@ -29,40 +28,6 @@ PTRACE_HINT = ("ptrace was denied: run the watchdog as root or with CAP_SYS_PTRA
                "CAP_SYS_PTRACE in its unit; --cap-add SYS_PTRACE for a container), and check "
                "/proc/sys/kernel/yama/ptrace_scope (3 forbids ptrace entirely)")
 MISSING_HINT = "py-spy was not found: install it into the watchdog's venv (pip install py-spy) or set capture.pyspy"
-
-
-@dataclass(frozen=True, slots=True)
-class ProcFacts:
-    state: str  # /proc state letter: R, S, D, T, t, Z
-    wchan: str
-    cpu_seconds: float
-    threads: int
-
-
-@dataclass(frozen=True, slots=True)
-class Dump:
-    """One py-spy dump of one process."""
-
-    pid: int
-    t: float
-    ok: bool
-    output: str  # py-spy's JSON when ok
-    error: str = ""
-    nonblocking: bool = False
-    facts: ProcFacts | None = None
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Capture:
-    processes: tuple[EngineProcess, ...]
-    rounds: tuple[dict[int, Dump], ...]  # one dict per capture round, by pid
-    problems: tuple[str, ...] = ()
-    options: dict[str, object] = field(default_factory=dict)
-
-    @property
-    def complete(self) -> bool:
-        return bool(self.processes) and all(d.ok for r in self.rounds for d in r.values())
 
 
 class DumpRunner(Protocol):

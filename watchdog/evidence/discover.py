@@ -9,32 +9,17 @@ network namespace, a container), every titled process on the host is taken, opti
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import psutil
 
+from watchdog.evidence.model import EngineProcess
+from watchdog.evidence.roles import ENGINE_ROLES, ORDER, Role, parse_title
+
 log = logging.getLogger(__name__)
-
-_RANK = re.compile(r"_(DP|PP|TP|EP)(\d+)")
-
-
-@dataclass(frozen=True, slots=True)
-class EngineProcess:
-    pid: int
-    role: str  # api_server | engine_core | worker | dp_coordinator | sglang_scheduler | ray_worker | process
-    title: str
-    ranks: dict[str, int] = field(default_factory=dict)
-    ppid: int | None = None
-
-    @property
-    def label(self) -> str:
-        """A short, unique-ish name for reports: the title when it has one."""
-        return self.title if self.title else f"{self.role}[{self.pid}]"
-
 
 def title_of(proc: psutil.Process) -> str:
     try:
@@ -42,28 +27,6 @@ def title_of(proc: psutil.Process) -> str:
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return ""
     return " ".join(cmdline).strip()
-
-
-def parse_title(title: str, prefix: str = "VLLM::") -> tuple[str, dict[str, int]] | None:
-    """(role, ranks) for an engine process title, or None when the title is not an engine's."""
-    head = title.split(" ", 1)[0]
-    if head.startswith(prefix):
-        name = head[len(prefix):]
-        ranks = {k: int(v) for k, v in _RANK.findall(name)}
-        if name.startswith("EngineCore"):
-            return "engine_core", ranks
-        if name.startswith("Worker"):
-            return "worker", ranks
-        if name.startswith("APIServer"):
-            return "api_server", ranks
-        if name.startswith("DPCoordinator"):
-            return "dp_coordinator", ranks
-        return "process", ranks
-    if head.startswith("sglang::scheduler"):
-        return "sglang_scheduler", {k: int(v) for k, v in _RANK.findall(head)}
-    if head.startswith("ray::") and "Worker" in head:
-        return "ray_worker", {}
-    return None
 
 
 def listener_pid(url: str) -> int | None:
@@ -108,10 +71,10 @@ def discover(url: str | None = None, prefix: str = "VLLM::", title_filter: str =
         for proc in tree:
             desc = _describe(proc, prefix)
             if desc is None and proc.pid == root_pid:
-                desc = EngineProcess(proc.pid, "api_server", "", {}, None)
+                desc = EngineProcess(proc.pid, Role.API_SERVER, "", {}, None)
             if desc is not None:
                 found.append(desc)
-        if not any(p.role in ("engine_core", "worker", "sglang_scheduler") for p in found):
+        if not any(p.role in ENGINE_ROLES for p in found):
             log.info("the listener on %s (pid %d) has no engine processes under it", url, root_pid)
         return _filtered(found, title_filter)
     for proc in processes if processes is not None else psutil.process_iter():
@@ -124,8 +87,7 @@ def discover(url: str | None = None, prefix: str = "VLLM::", title_filter: str =
 def _filtered(found: list[EngineProcess], title_filter: str) -> list[EngineProcess]:
     if title_filter:
         found = [p for p in found if title_filter in p.title or p.role == "api_server"]
-    order = {"api_server": 0, "dp_coordinator": 1, "engine_core": 2, "worker": 3}
-    return sorted(found, key=lambda p: (order.get(p.role, 4), sorted(p.ranks.items()), p.pid))
+    return sorted(found, key=lambda p: (ORDER.get(p.role, 4), sorted(p.ranks.items()), p.pid))
 
 
 @dataclass(frozen=True, slots=True)

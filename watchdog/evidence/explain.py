@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from watchdog.evidence.roles import Role, ranks_of, role_of_name, title_in
 from watchdog.evidence.stacks import Frame, ProcessStack, ThreadStack
 
 
@@ -51,7 +52,7 @@ class Status(StrEnum):
 class ProcessExplanation:
     name: str  # title without its "VLLM::"/"sglang::"/"ray::" prefix (Worker_TP1, EngineCore), else role[pid]
     pid: int | None
-    role: str | None  # engine | worker | scheduler | api_server | dp_coordinator | None
+    role: Role | None  # None: neither the title nor a frame says
     rank: dict[str, int]
     cls: Cls
     thread: str  # the thread that decided
@@ -108,18 +109,13 @@ _HELPER = re.compile(r"DeathPipeMonitor|MultiprocWorkerMonitor|process_input_soc
                      r"|InductorSubproc|monitor_workers|death_pipe_monitor|monitor_parent_death|async_output_busy_loop"
                      r"|pyspy_dump\w*")
 _ROLE_FUNCS = (  # (role, a fragment the file path must hold, functions)
-    ("worker", "", {"worker_busy_loop", "worker_main", "do_exec_tasks", "execute_method"}),
-    ("engine", "engine", {"run_busy_loop", "run_engine_core", "_process_engine_step", "_process_input_queue", "step",
-                          "step_with_batch_queue", "process_input_sockets", "process_output_sockets",
-                          "run_engine_loop", "engine_step"}),
-    ("engine", "executor", _REPLY_FUNCS),
-    ("scheduler", "scheduler", {"event_loop_normal", "event_loop_overlap", "run_scheduler_process"}),
+    (Role.WORKER, "", {"worker_busy_loop", "worker_main", "do_exec_tasks", "execute_method"}),
+    (Role.ENGINE_CORE, "engine", {"run_busy_loop", "run_engine_core", "_process_engine_step", "_process_input_queue",
+                                  "step", "step_with_batch_queue", "process_input_sockets", "process_output_sockets",
+                                  "run_engine_loop", "engine_step"}),
+    (Role.ENGINE_CORE, "executor", _REPLY_FUNCS),
+    (Role.SCHEDULER, "scheduler", {"event_loop_normal", "event_loop_overlap", "run_scheduler_process"}),
 )
-_TITLE = re.compile(r"\b(?:VLLM|sglang|ray)::(\S+)|\b(RayWorkerWrapper|RayWorkerVllm)\b")
-_TITLE_ROLES = (("EngineCore", "engine"), ("Worker", "worker"), ("APIServer", "api_server"),
-                ("DPCoordinator", "dp_coordinator"), ("scheduler", "scheduler"), ("RayWorker", "worker"))
-
-
 def _base(f: Frame) -> str:
     name = f.function.rsplit("::", 1)[-1] if f.native else f.function
     return name.rsplit(".", 1)[-1]
@@ -133,7 +129,7 @@ def _noise(f: Frame) -> bool:  # raw addresses and libc/pthread plumbing in nati
     return f.native and (f.function.startswith("0x") or "libc." in f.file or "pthread" in f.file)
 
 
-def _frame_role(f: Frame) -> str | None:
+def _frame_role(f: Frame) -> Role | None:
     base = _base(f)
     if f.native or (base in _REPLY_FUNCS and not f.file.endswith(_REMOTE_EXECUTORS)):
         return None  # the in-process (uniproc) collective_rpc is no reply wait
@@ -179,14 +175,14 @@ def _kind(f: Frame) -> Cls | str | None:
 _Decision = tuple[Cls | None, int, int | None, str]  # class (None: defer to another thread), at, context, note
 
 
-def _decide(frames: tuple[Frame, ...], role: str | None) -> _Decision | None:
+def _decide(frames: tuple[Frame, ...], role: Role | None) -> _Decision | None:
     for i, f in enumerate(frames):
         kind = _kind(f)
         if kind == "reader":
             ctx = next((j for j in range(i + 1, len(frames)) if _frame_role(frames[j])), None)
             owner = _frame_role(frames[ctx]) if ctx is not None else role
             cut = "" if ctx is not None else " (caller frames cut: owner taken from the role)"
-            if owner == "engine":
+            if owner == Role.ENGINE_CORE:
                 return Cls.ENGINE_WAITING_WORKERS, i, ctx, cut
             return Cls.IDLE_READER_WAIT, i, ctx, cut if owner else " (caller frames cut: taken as a worker's reader)"
         if kind == "input":
@@ -250,13 +246,13 @@ _WHY = {
 }
 
 
-def classify(ps: ProcessStack, role: str | None = None, proc_state: str | None = None) -> ProcessExplanation:
+def classify(ps: ProcessStack, role: Role | None = None, proc_state: str | None = None) -> ProcessExplanation:
     """Explain one process from its stacks; `role` overrides the guess, `proc_state` is /proc's state letter."""
-    title = _TITLE.search(ps.title)
-    token = (title.group(1) or title.group(2)) if title else ""
+    token = title_in(ps.title)
     main = _main(ps)
     ordered = ([main] if main else []) + [t for t in ps.threads if t is not main]
-    role = (role or next((r for key, r in _TITLE_ROLES if key in token), None)
+    named = role_of_name(token) if token else None
+    role = (role or (named if named != Role.PROCESS else None)
             or next((r for t in ordered for f in t.frames if (r := _frame_role(f))), None))
     name = token or (f"{role or 'process'}[{ps.pid}]" if ps.pid is not None else role or "process")
     working = [t for t in ordered if t is main or not _helper(t)]
@@ -264,7 +260,7 @@ def classify(ps: ProcessStack, role: str | None = None, proc_state: str | None =
 
     def done(cls: Cls, t: ThreadStack | None, frames: tuple[Frame, ...], why: str) -> ProcessExplanation:
         why += f" Speculative-decoding frames present: {_where(spec)}." if spec else ""
-        rank = {k: int(v) for k, v in re.findall(r"_(DP|PP|TP|EP)(\d+)", token)}
+        rank = ranks_of(token)
         return ProcessExplanation(name, ps.pid, role, rank, cls, _label(t), frames, bool(spec), why, spec[:6])
 
     first = main or next((t for t in ordered if t.frames), None)
@@ -305,8 +301,8 @@ def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = 
     slow, not frozen)."""
     moved = moved or {}
     waiting = (Cls.ENGINE_WAITING_WORKERS, Cls.ENGINE_IDLE, Cls.WRITER_BLOCKED_FULL_RING)
-    engine = next((e for e in expls if e.role == "engine"), None)
-    workers = [e for e in expls if e.role in ("worker", "scheduler", None)]
+    engine = next((e for e in expls if e.role == Role.ENGINE_CORE), None)
+    workers = [e for e in expls if e.role in (Role.WORKER, Role.SCHEDULER, None)]
     workers_idle = bool(workers) and all(w.cls is Cls.IDLE_READER_WAIT for w in workers)
 
     def blame(pool: list[ProcessExplanation], say: Callable[[ProcessExplanation], str]) -> CrossRankVerdict:
@@ -358,8 +354,8 @@ def poll_parking(expls: list[ProcessExplanation], work_pending: bool | None,
     def verdict(status: Status, reason: str, frames: tuple[Frame, ...] = ()) -> HypothesisVerdict:
         return HypothesisVerdict(status, reason + rival, frames, spec)
 
-    engine = next((e for e in expls if e.role == "engine"), None)
-    workers = [e for e in expls if e.role == "worker"]
+    engine = next((e for e in expls if e.role == Role.ENGINE_CORE), None)
+    workers = [e for e in expls if e.role == Role.WORKER]
     if work_pending is False:
         return verdict(Status.NOT_APPLICABLE, "No work is pending: parked readers are simply idle.")
     if busy := [e for e in expls if e.cls in (*_BUSY, Cls.STOPPED)]:

@@ -10,8 +10,6 @@ import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from watchdog.evidence.capture import Capture, Dump
-from watchdog.evidence.discover import EngineProcess
 from watchdog.evidence.explain import (
     Cls,
     CrossRankVerdict,
@@ -21,15 +19,14 @@ from watchdog.evidence.explain import (
     cross_rank,
     poll_parking,
 )
+from watchdog.evidence.model import Capture, Dump, EngineProcess
+from watchdog.evidence.roles import ENGINE_ROLES, Role
 from watchdog.evidence.stacks import Frame, ProcessStack, StackParseError, parse_pyspy_json
 
-_ROLE = {"engine_core": "engine", "worker": "worker", "api_server": "api_server", "dp_coordinator": "dp_coordinator",
-         "sglang_scheduler": "scheduler", "ray_worker": "worker"}
 _WORKING = {Cls.MODEL_FORWARD, Cls.COMPILE}  # a rank doing real work: the silence is a long step
 # Waiting loops move between their own lines (spin, poll with a timeout, re-check): that is not progress.
 _WAITING = {Cls.IDLE_READER_WAIT, Cls.ENGINE_IDLE, Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING,
             Cls.STOPPED}
-_ENGINE_ROLES = {"engine_core", "worker", "sglang_scheduler", "ray_worker"}
 
 
 class Decision(StrEnum):
@@ -91,7 +88,7 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
             error = first.error if first and first.error else "the dump could not be read"
             found.append(ProcessFinding(proc, None, None, None, state, error))
             continue
-        expl = classify(stacks[0], _ROLE.get(proc.role), state)
+        expl = classify(stacks[0], proc.role, state)
         moved: bool | None = None
         cpu: float | None = None
         if len(stacks) >= 2 and stacks[-1] is not None:
@@ -99,7 +96,7 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
                 _thread_frames(stacks[-1], expl.thread))
             if moved and expl.cls in _WAITING:
                 # a wait loop passes through its own lines; only leaving the wait is progress
-                moved = classify(stacks[-1], _ROLE.get(proc.role), dumps[-1].facts.state
+                moved = classify(stacks[-1], proc.role, dumps[-1].facts.state
                                  if dumps[-1].facts else None).cls != expl.cls
             last = dumps[-1].facts
             if first and first.facts and last:
@@ -110,11 +107,11 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
         found.append(ProcessFinding(proc, expl, moved, cpu, state, error))
     expls = [f.explanation for f in found if f.explanation is not None]
     moved_by_name = {f.explanation.name: bool(f.moved) for f in found if f.explanation is not None}
-    engine_procs = [f for f in found if f.process.role in _ENGINE_ROLES]
+    engine_procs = [f for f in found if f.process.role in ENGINE_ROLES]
     two_rounds = len(capture.rounds) >= 2
     any_moved = any(f.moved for f in engine_procs) if two_rounds else None
     cross = cross_rank(expls, moved_by_name if two_rounds else None)
-    hypothesis = poll_parking([e for e in expls if e.role in ("engine", "worker")], work_pending, any_moved)
+    hypothesis = poll_parking([e for e in expls if e.role in (Role.ENGINE_CORE, Role.WORKER)], work_pending, any_moved)
     complete = bool(engine_procs) and all(not f.error for f in engine_procs)
     decision, reason = _decide(engine_procs, complete, two_rounds, cross)
     return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems)

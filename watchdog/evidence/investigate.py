@@ -15,10 +15,12 @@ from pathlib import Path
 
 from watchdog.config.load import Config
 from watchdog.evidence.bundle import BundleError, Incident, new_id, prune, write_bundle
-from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capture, Capturer, find_pyspy
+from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
 from watchdog.evidence.context import LogSource, fetch_metrics_page, gather
-from watchdog.evidence.discover import EngineProcess, discover
+from watchdog.evidence.discover import discover
 from watchdog.evidence.findings import Findings, assess
+from watchdog.evidence.model import Capture, EngineProcess
+from watchdog.evidence.roles import Role
 from watchdog.types import base_url
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ class Investigator:
         c = self.cfg.capture
         page, problem = fetch_metrics_page(self.base)
         context = gather(self.base, page, LogSource(c.log_file, c.journal_unit, c.docker_container, c.log_lines),
-                         [p.pid for p in evidence.capture.processes if p.role == "engine_core"],
+                         [p.pid for p in evidence.capture.processes if p.role == Role.ENGINE_CORE],
                          self.capturer.pyspy)
         if problem:
             context = replace(context, problems=(*context.problems, problem))

@@ -1,0 +1,55 @@
+"""What a capture holds: the engine's processes, and py-spy dumps of each with /proc facts beside them. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from watchdog.evidence.roles import Role
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProcess:
+    pid: int
+    role: Role
+    title: str
+    ranks: dict[str, int] = field(default_factory=dict)
+    ppid: int | None = None
+
+    @property
+    def label(self) -> str:
+        """A short, unique-ish name for reports: the title when it has one."""
+        return self.title if self.title else f"{self.role}[{self.pid}]"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcFacts:
+    state: str  # /proc state letter: R, S, D, T, t, Z
+    wchan: str
+    cpu_seconds: float
+    threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dump:
+    """One py-spy dump of one process."""
+
+    pid: int
+    t: float
+    ok: bool
+    output: str  # py-spy's JSON when ok
+    error: str = ""
+    nonblocking: bool = False
+    facts: ProcFacts | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    processes: tuple[EngineProcess, ...]
+    rounds: tuple[dict[int, Dump], ...]  # one dict per capture round, by pid
+    problems: tuple[str, ...] = ()
+    options: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.processes) and all(d.ok for r in self.rounds for d in r.values())
