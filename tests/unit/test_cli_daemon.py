@@ -82,7 +82,7 @@ def test_run_writes_transitions_and_stops_cleanly_on_sigterm(tmp_path: Path, fas
     sock.bind(str(notify))
     sock.settimeout(30)
     with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
-        env = dict(os.environ, NOTIFY_SOCKET=str(notify))
+        env = dict(os.environ, NOTIFY_SOCKET=str(notify), WATCHDOG_USEC="1000000")  # a ping every 0.5 s
         p = subprocess.Popen([sys.executable, "-m", "watchdog", "run", "--url", url, "--state-dir", str(state),
                               "--config", str(fast_config)], env=env, text=True, start_new_session=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -94,8 +94,11 @@ def test_run_writes_transitions_and_stops_cleanly_on_sigterm(tmp_path: Path, fas
         with model.lock:
             model.running = 3  # work pending, nothing moves
         wait_for(lambda: '"to": "frozen"' in events.read_text(), 30, "frozen")
-        pings = [sock.recv(4096).decode() for _ in range(3)]
-        assert all("WATCHDOG=1" in m and "STATUS=" in m for m in pings)
+        said = [first]  # the status line when it changes, the watchdog ping when it is due
+        while not any("STATUS=engine 0: frozen" in m for m in said):
+            said.append(sock.recv(4096).decode())
+        pings = [sock.recv(4096).decode() for _ in range(3)]  # frozen holds: pings go on
+        assert all("WATCHDOG=1" in m for m in pings), pings
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=10)
         assert p.returncode == 0, err

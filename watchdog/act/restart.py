@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Protocol
 
+from watchdog.childenv import child_env
 from watchdog.config.act import RestartSection, StepSection
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class LocalRunner:
         with tempfile.TemporaryFile() as out:
             try:
                 child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, env=child_env())
             except OSError as e:
                 reason = ("program not found" if isinstance(e, FileNotFoundError) else "permission denied"
                           if isinstance(e, PermissionError) else f"cannot run ({e.strerror or e})")

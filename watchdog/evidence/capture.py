@@ -20,6 +20,7 @@ from typing import Protocol
 
 import psutil
 
+from watchdog.childenv import child_env
 from watchdog.evidence.model import Capture, Dump, EngineProcess, ProcFacts
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,9 @@ class DumpRunner(Protocol):
 
 
 def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
-    """The real runner: an argv list, never a shell, with a timeout."""
+    """The real runner: an argv list, never a shell, with a timeout, without systemd's notify variables."""
     try:
-        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False, env=child_env())
     except subprocess.TimeoutExpired:
         return 124, "", f"timed out after {timeout:g}s"
     return r.returncode, r.stdout, r.stderr
