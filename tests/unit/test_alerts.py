@@ -61,13 +61,19 @@ def alert(event: str = "stall_detected", incident: str = "inc-1", **kw: object) 
 
 
 class Counting:
-    """Wraps a sink to count attempts."""
+    """Wraps a sink to count attempts. With `gated`, every attempt first waits until the test opens the gate, so
+    what a test does meanwhile provably happened while the sink had not answered (no clock involved)."""
 
-    def __init__(self, sink: WebhookSink) -> None:
+    def __init__(self, sink: WebhookSink, gated: bool = False) -> None:
         self.sink, self.name, self.calls = sink, sink.name, 0
+        self.gate = threading.Event()
+        if not gated:
+            self.gate.set()
 
     def send(self, a: Alert) -> None:
         self.calls += 1
+        if not self.gate.wait(30):
+            raise AssertionError("the test never opened the gate")
         self.sink.send(a)
 
 
@@ -158,11 +164,11 @@ def test_alertmanager_alertname_follows_the_incident_kind() -> None:
 
 def test_down_receiver_is_retried_then_given_up_without_blocking(dispatcher, caplog) -> None:
     caplog.set_level(logging.DEBUG, logger="watchdog.act.alerts")
-    sink = Counting(WebhookSink(closed_port_url(), Secret(SECRET), name="ops-hook", connect_timeout=1))
+    sink = Counting(WebhookSink(closed_port_url(), Secret(SECRET), name="ops-hook", connect_timeout=1), gated=True)
     d = dispatcher([sink], RetryPolicy.instant(attempts=4))
-    t0 = time.monotonic()
-    d.submit(alert("engine_down", incident="inc-down"))
-    assert time.monotonic() - t0 < 0.2
+    d.submit(alert("engine_down", incident="inc-down"))  # returns with the first attempt not even made
+    assert sink.calls <= 1 and not d.wait_idle(0)
+    sink.gate.set()
     assert d.wait_idle(20)
     assert sink.calls == 4
     [line] = gave_up(caplog)
@@ -172,12 +178,12 @@ def test_down_receiver_is_retried_then_given_up_without_blocking(dispatcher, cap
 
 def test_slow_receiver_never_delays_submit_and_is_given_up(receiver, dispatcher, caplog) -> None:
     slow = receiver(lambda _n: (200, 2.0))
-    sink = Counting(WebhookSink(slow.url, read_timeout=0.5))
+    sink = Counting(WebhookSink(slow.url, read_timeout=0.5), gated=True)
     d = dispatcher([sink], RetryPolicy.instant(attempts=2))
-    t0 = time.monotonic()
     d.submit(alert())
-    d.submit(alert("evidence_captured"))
-    assert time.monotonic() - t0 < 0.5  # generous: each answer takes 2 s
+    d.submit(alert("evidence_captured"))  # both return while no attempt can have been answered
+    assert slow.hits == 0 and not d.wait_idle(0)
+    sink.gate.set()
     assert d.wait_idle(20)
     assert sink.calls == 4
     lines = gave_up(caplog)
@@ -243,32 +249,59 @@ def test_secrets_never_logged_even_on_failure(receiver, dispatcher, caplog) -> N
 
 
 def test_submit_never_blocks_on_a_full_queue(dispatcher, caplog) -> None:
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
+    sent: list[str] = []
 
     class Stuck:
         name = "stuck"
 
         def send(self, a: Alert) -> None:
-            release.wait(10)
+            entered.set()
+            if not release.wait(30):
+                raise AssertionError("never released")
+            sent.append(a.incident_id)
 
     d = dispatcher([Stuck()], RetryPolicy.instant(), queue_size=1)
-    t0 = time.monotonic()
-    for i in range(20):
-        d.submit(alert(incident=f"inc-{i}"))
-    assert time.monotonic() - t0 < 0.5
+    d.submit(alert(incident="inc-0"))
+    assert entered.wait(10)  # the worker holds inc-0 and cannot finish it: the queue (one place) is empty
+    submitter = threading.Thread(target=lambda: [d.submit(alert(incident=f"inc-{i}")) for i in range(1, 20)])
+    submitter.start()
+    submitter.join(10)  # a deadline only: a blocking submit would wait for `release`, set below, forever
+    assert not submitter.is_alive(), "submit blocked on the stuck sink"
     release.set()
     assert d.wait_idle(10)
-    assert any("queue full" in r.getMessage() for r in caplog.records)
+    assert sent == ["inc-0", "inc-1"]  # the one held, the one queued; the other 18 dropped, each said so
+    full = [r.getMessage() for r in caplog.records if "queue full" in r.getMessage()]
+    assert len(full) == 18 and "inc-19" in full[-1], full
 
 
-def test_close_cuts_a_long_backoff_short(dispatcher) -> None:
-    d = Dispatcher([WebhookSink(closed_port_url())], RetryPolicy(attempts=5, wait_initial=30, wait_max=30))
-    d.submit(alert())
-    time.sleep(0.2)  # first attempt fails, the worker now waits 30 s
-    t0 = time.monotonic()
-    assert d.close(timeout=0.2) is False  # not drained in time
-    assert time.monotonic() - t0 < 3
-    d.submit(alert("resolved"))  # after close: dropped, not raised
+def test_close_cuts_a_long_backoff_short(caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="watchdog.act.alerts")
+    backing_off = threading.Event()
+
+    class Signal(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying in" in record.getMessage():
+                backing_off.set()
+
+    signal = Signal()
+    logging.getLogger("watchdog.act.alerts").addHandler(signal)
+    try:
+        sink = Counting(WebhookSink(closed_port_url(), name="down"))
+        # an hour's backoff: any deadline below is nothing next to it, on however loaded a machine
+        d = Dispatcher([sink], RetryPolicy(attempts=5, wait_initial=3600, wait_max=3600, total=7200, jitter=0))
+        d.submit(alert())
+        assert backing_off.wait(10)  # the first attempt failed; the worker is about to wait an hour
+        [worker] = [t for t in threading.enumerate() if t.name == "alerts-down"]
+        assert d.close(timeout=0.2) is False  # not drained in time
+        worker.join(30)
+        assert not worker.is_alive(), "close() left the worker in its backoff"
+        assert sink.calls < 5  # given up before the policy's attempts ran out: the backoff was cut, not served
+        [line] = gave_up(caplog)
+        assert "inc-1" in line
+        d.submit(alert("resolved"))  # after close: dropped, not raised
+    finally:
+        logging.getLogger("watchdog.act.alerts").removeHandler(signal)
 
 
 def test_validation() -> None:
