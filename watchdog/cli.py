@@ -10,7 +10,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from watchdog import __version__
 from watchdog.act import commands as operate
@@ -25,7 +25,7 @@ from watchdog.types import State, Verdict
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FROZEN, EXIT_DOWN, EXIT_UNKNOWN, EXIT_USAGE, EXIT_IOERR = 0, 1, 2, 3, 64, 74
+EXIT_OK, EXIT_FROZEN, EXIT_DOWN, EXIT_UNKNOWN, EXIT_USAGE, EXIT_SOFTWARE, EXIT_IOERR = 0, 1, 2, 3, 64, 70, 74
 _EXIT_BY_STATE = {State.IDLE: EXIT_OK, State.WORKING: EXIT_OK, State.FROZEN: EXIT_FROZEN, State.DOWN: EXIT_DOWN}
 _SETTLED = {State.IDLE, State.DOWN, State.BLIND}
 
@@ -134,8 +134,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments exit 64 (EX_USAGE), like a bad config; argparse's own default is 2, which `check` means down."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="watchdog", description="Notices when a vLLM engine stops producing tokens.")
+    p = _Parser(prog="watchdog", description="Notices when a vLLM engine stops producing tokens.")
     p.add_argument("--version", action="version", version=f"engine-watchdog {__version__}")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = p.add_subparsers(dest="command", required=True)
@@ -215,12 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     except TraceError as e:
         print(f"watchdog: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except ValueError as e:
-        print(f"watchdog: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except OSError as e:  # e.g. a state directory that cannot be created or written
         print(f"watchdog: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return EXIT_IOERR
+    except Exception:  # a bug, never "bad config": say so with the traceback (journal under systemd)
+        log.exception("watchdog %s: unexpected error (a bug; please report it with this traceback)", __version__)
+        return EXIT_SOFTWARE
 
 
 if __name__ == "__main__":

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import requests
 
+import watchdog
 from tests.fakes import FAST, EngineModel, fake_engine, wait_for
+from tests.receiver import Receiver
+from watchdog.act.alerts import Alert, WebhookSink
 from watchdog.cli import clashing_distribution
+
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -185,3 +193,64 @@ def test_run_with_an_unusable_state_dir_says_so(tmp_path: Path) -> None:
     r = run_cli("run", "--once", "--url", "http://127.0.0.1:9", "--state-dir", str(blocker / "state"))
     assert r.returncode == 74
     assert "Not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------------------- exit codes: usage 64, a bug 70
+
+# a real `watchdog` process with a bug planted in one command: it raises ValueError from deep inside
+PLANTED_BUG = """
+import sys
+import watchdog.cli as cli
+def replay_with_a_bug(trace, thresholds):
+    return int("not a number")
+cli.replay = replay_with_a_bug
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_bug_is_exit_70_with_its_traceback_never_bad_config(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"kind": "header", "version": 1}\n')
+    r = subprocess.run([sys.executable, "-c", PLANTED_BUG, "replay", str(trace)], capture_output=True, text=True,
+                       timeout=60, start_new_session=True, check=False)
+    assert r.returncode == 70, r.stderr
+    assert "unexpected error (a bug" in r.stderr and "Traceback" in r.stderr
+    assert "ValueError: invalid literal for int() with base 10: 'not a number'" in r.stderr
+    assert "config error" not in r.stderr
+
+
+def test_bad_arguments_and_bad_config_are_exit_64(tmp_path: Path) -> None:
+    r = run_cli("check", "--seconds", "soon")
+    assert r.returncode == 64 and "invalid float value: 'soon'" in r.stderr
+    r = run_cli("no-such-command")
+    assert r.returncode == 64 and "invalid choice" in r.stderr
+    r = run_cli("pause", "--for", "a while", "--state-dir", str(tmp_path / "s"))
+    assert r.returncode == 64 and "not a duration: 'a while'" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("check", "--url", "ftp://example.invalid")
+    assert r.returncode == 64 and "engine.url" in r.stderr and "Traceback" not in r.stderr
+
+
+# ----------------------------------------------------------------------------- the version: pyproject.toml, once
+
+
+def test_version_comes_from_pyproject_through_the_package_metadata(receiver: Callable[..., Receiver]) -> None:
+    version = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]["version"]
+    assert watchdog.__version__ == version
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"engine-watchdog {version}"
+    # bundles: context.engine_versions starts from it
+    from watchdog.evidence import context
+    assert context.__version__ == version
+    # alerts: every sink's requests say which watchdog sent them
+    hook = receiver()
+    WebhookSink(hook.url).send(Alert("stall_detected", "inc-1", "0", "vllm", "http://127.0.0.1:8000", "frozen", "x"))
+    [(_path, headers, _body)] = hook.received
+    assert headers["User-Agent"] == f"engine-watchdog/{version}"
+
+
+def test_version_without_package_metadata_is_unknown_not_a_crash(tmp_path: Path) -> None:
+    """A source tree that was never installed (no dist-info anywhere on the path) still imports."""
+    shutil.copytree(CHECKOUT / "watchdog", tmp_path / "watchdog", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run([sys.executable, "-S", "-c", "import watchdog; print(watchdog.__version__)"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, start_new_session=True, check=False)
+    assert r.returncode == 0 and r.stdout.strip() == watchdog.UNKNOWN_VERSION == "0+unknown", r.stderr

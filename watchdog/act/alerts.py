@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import requests
 import tenacity
 
+from watchdog import __version__
 from watchdog.act.state import iso
 from watchdog.config.load import Config, Secret
 
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 EVENTS = ("stall_detected", "evidence_captured", "restart_started", "recovered", "restart_failed", "gave_up",
           "engine_down", "resolved")
-_USER_AGENT = "engine-watchdog-alerts/1"
+_USER_AGENT = f"engine-watchdog/{__version__}"  # receivers can tell which watchdog sent an alert
 
 
 @dataclass(frozen=True, slots=True)

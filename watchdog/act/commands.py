@@ -37,6 +37,14 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+def _duration_arg(text: str) -> float:
+    """``--for``: a bad duration is an argument error (exit 64), with parse_duration's message."""
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _when(wall: float | None) -> str:
     if wall is None:
         return "until `watchdog resume`"
@@ -45,7 +53,7 @@ def _when(wall: float | None) -> str:
 
 def cmd_pause(cfg: Config, args: argparse.Namespace) -> int:
     state_dir, now = Path(cfg.state.dir), time.time()
-    until = now + parse_duration(args.duration) if args.duration else None
+    until = now + args.duration if args.duration else None
     control = replace(load_control(state_dir), paused=True, paused_until=until, reason=args.reason or "",
                       paused_at=now)
     save_control(state_dir, control)
@@ -112,7 +120,7 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
 def add_commands(sub: Any, common: Any, config_of: Any) -> None:
     p = sub.add_parser("pause", help="maintenance: no restart and no alert until resumed (or for a while)")
     common(p, url=False, state_dir=True)
-    p.add_argument("--for", dest="duration", help="e.g. 30m, 2h (default: until `watchdog resume`)")
+    p.add_argument("--for", dest="duration", type=_duration_arg, help="e.g. 30m, 2h (default: until `watchdog resume`)")
     p.add_argument("--reason", help="shown in `watchdog status`")
     p.set_defaults(func=lambda a: cmd_pause(config_of(a), a))
     r = sub.add_parser("resume", help="end a pause")
