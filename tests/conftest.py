@@ -1,13 +1,62 @@
-"""Fixtures shared by every test directory."""
+"""Fixtures shared by every test directory, and the order the suite runs in."""
 
+import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.receiver import receiver  # noqa: F401  (a fixture: a real HTTP receiver on loopback)
+
+ENGINE_TESTS = Path(__file__).resolve().parent / "engine"
+
+
+def run_order(item: pytest.Item) -> int:
+    """Fast tests first, so a failure shows in minutes, not after half an hour of real vLLMs:
+
+    0. everything outside tests/engine without the `engine` marker (unit tests, fakes, recorded pages: seconds);
+    1. engine tests on the shared vLLM that leave it as they found it;
+    2. engine tests that take the shared vLLM and end it (`ends_shared_server`);
+    3. every other engine test (a vLLM of its own, a throwaway systemd, ...): the shared server is stopped first.
+    """
+    if item.get_closest_marker("engine") is None and not item.path.is_relative_to(ENGINE_TESTS):
+        return 0
+    if "shared_vllm" in getattr(item, "fixturenames", ()):
+        return 2 if item.get_closest_marker("ends_shared_server") else 1
+    return 3
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=run_order)  # stable: within a group, the files' own order
+
+
+# Wall time of each phase of the one pytest run: [first start, last end, tests]. ./scripts/test prints them.
+PHASES_FILE_ENV = "WATCHDOG_TEST_PHASES_FILE"
+_phases: dict[str, list[float]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    name = "unit tests" if run_order(item) == 0 else "engine tests"
+    began = time.time()
+    yield  # set-up, call and teardown (a session fixture's teardown included, with the last test)
+    span = _phases.setdefault(name, [began, began, 0])
+    span[1], span[2] = time.time(), span[2] + 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _phases:
+        return
+    terminalreporter.write_line("phases: " + ", ".join(
+        f"{name} {end - began:.0f} s ({count:.0f} tests)" for name, (began, end, count) in _phases.items()))
+    out = os.environ.get(PHASES_FILE_ENV)
+    if out:
+        Path(out).write_text(json.dumps({name: {"seconds": round(end - began, 1), "tests": int(count)}
+                                         for name, (began, end, count) in _phases.items()}))
 
 
 @pytest.fixture
