@@ -11,12 +11,21 @@ load and left stopped until the restart is issued. From the watchdog's own event
 
 Each run is done twice over: with one webhook sink answering after 10 s, and with no sink (the reference in the
 same session): their ratio shows what the slow receiver costs the restart.
+
+A third kind of run, `engine_exits` (with the same slow webhook): the whole server is SIGKILLed, as when vLLM's own
+300 s timeout ends it. Down needs no stacks, so the restart should follow the incident at once:
+
+- kill -> incident: `incident_opened` after `restart.down_after` (default 10 s);
+- incident -> restart issued: `incident_opened` to `restart_started` (tests/engine/test_recovery.py checks that
+  nothing is waited for in between; this is how long that takes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -35,7 +44,7 @@ from tests.harness.watcher import WatchdogProcess, event_time  # noqa: E402
 from tests.receiver import Receiver  # noqa: E402
 
 
-def one_run(tmp: Path, slow_hook: bool) -> dict[str, float]:
+def one_run(tmp: Path, slow_hook: bool, fault: str = "freeze") -> dict[str, float]:
     server = ScriptedServer(engine_python(), fast_model(), tmp)
     hook: Receiver | None = None
     try:
@@ -53,6 +62,15 @@ def one_run(tmp: Path, slow_hook: bool) -> dict[str, float]:
         wd = WatchdogProcess(server.url, tmp / "wd", cfg).start()
         try:
             wd.wait_for_state("idle", 120)
+            if fault == "exit":
+                killed = time.time()
+                os.killpg(server.pid, signal.SIGKILL)  # the server's own group (its pid), nothing else
+                opened = wd.wait_event("incident_opened", 120)
+                started = wd.wait_event("restart_started", 120)
+                recovered = wd.wait_event("recovered", 400)
+                return {"kill_to_incident": event_time(opened) - killed,
+                        "incident_to_restart": event_time(started) - event_time(opened),
+                        "restart_to_ready": event_time(recovered) - event_time(started)}
             with LoadGenerator(server.url, server.model.name, threads=4, duration=600, request_timeout=600):
                 time.sleep(5)
                 with frozen(server.process("VLLM::Worker_TP1")):
@@ -87,11 +105,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "recovery.json"))
     a = ap.parse_args()
-    results: dict[str, list[dict[str, float]]] = {"slow_webhook_10s": [], "no_sink": []}
+    results: dict[str, list[dict[str, float]]] = {"slow_webhook_10s": [], "no_sink": [], "engine_exits": []}
     for i in range(a.runs):
-        for name, slow in (("slow_webhook_10s", True), ("no_sink", False)):
+        for name, slow, fault in (("slow_webhook_10s", True, "freeze"), ("no_sink", False, "freeze"),
+                                  ("engine_exits", True, "exit")):
             with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
-                r = one_run(Path(tmp), slow)
+                r = one_run(Path(tmp), slow, fault)
             print(f"run {i + 1} {name}: " + ", ".join(f"{k} {v:.1f}s" for k, v in r.items()), flush=True)
             results[name].append(r)
     out = {name: {"runs": runs, **summary(runs)} for name, runs in results.items()}
