@@ -19,8 +19,9 @@ from watchdog.config.load import Config, ConfigError, load
 from watchdog.evidence import commands as triage
 from watchdog.judge.judge import worst
 from watchdog.scrape.trace import TraceError, TraceWriter, read_trace, replay
-from watchdog.service.daemon import Daemon, build_watcher
+from watchdog.service.daemon import Daemon
 from watchdog.service.sdnotify import setup_logging
+from watchdog.service.watcher import build_watcher
 from watchdog.types import State, Verdict
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     cfg = _config(args)
     out = Path(args.out)
     writer = TraceWriter(out, 0, {"url": cfg.engine.url, "recorded_at": iso(time.time())})
-    watcher = build_watcher(cfg, [writer.write])
+    watcher = build_watcher(cfg, sinks=[writer.write])
     deadline = watcher.clock() + args.seconds
     count = 0
     try:

@@ -72,6 +72,17 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """The caps on every request to the engine (``[scrape]`` in the config)."""
+
+    connect_timeout: float = 2.0
+    read_timeout: float = 5.0
+    deadline: float = 10.0  # the whole body, including a server that trickles bytes
+    max_bytes: int = 16 * 1024 * 1024
+    max_redirects: int = 3
+
+
 # -- what the judge says ---------------------------------------------------------------------------------
 
 
@@ -103,19 +114,26 @@ class ProbeFinished:
     detail: str = ""
 
 
+class Decision(StrEnum):
+    """What the stacks of every rank say about a suspicion: the one contract between evidence, judge and incident."""
+
+    STUCK = "stuck"  # every rank parked and nothing moved: confirm the freeze now
+    WORKING = "working"  # a rank inside the model, a kernel, the sampler or a compile: a long step
+    UNDECIDED = "undecided"  # the stacks could not be read well enough: the metric window decides, and says so
+
+
 @dataclass(frozen=True, slots=True)
 class StackEvidence:
-    """A later stage's reading of the stacks: ``stuck`` True confirms a suspicion, False clears it, None means the
-    stacks could not decide (no py-spy, ptrace denied, an incomplete capture): the metric window decides, and its
-    verdict says so.
+    """The stacks' reading of a suspicion, fed to the judge.
 
-    ``t`` is when the reading arrived; ``captured_at`` when the stacks were taken (progress seen after that
-    makes the reading stale). Left at 0, it means ``t``.
+    ``t`` is when the reading arrived; ``captured_at`` when the stacks were taken. Evidence taken before the
+    engine's current state began, or before its last progress, says nothing about now and is ignored. Left at 0,
+    ``captured_at`` means ``t``.
     """
 
     t: float
     engine: str
-    stuck: bool | None
+    decision: Decision
     reason: str
     captured_at: float = 0.0
 
@@ -148,6 +166,8 @@ class Verdict:
     incarnation: int = 1
     model: str = ""
     last_progress: float | None = None
+    # WORKING only because the stacks explained a long step (nothing moved on the page): never proof of recovery
+    stacks_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

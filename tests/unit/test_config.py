@@ -9,7 +9,7 @@ import pytest
 
 from watchdog.config.load import Config, ConfigError, Secret, load
 from watchdog.judge.judge import Thresholds
-from watchdog.scrape.fetch import ScrapeLimits
+from watchdog.types import HttpLimits
 
 SECRET = "sk-very-secret-0123456789"
 
@@ -38,7 +38,7 @@ def test_no_file_means_defaults() -> None:
     assert cfg.source == "<defaults>"
     assert cfg.engine.url == "http://127.0.0.1:8000"
     assert cfg.thresholds() == Thresholds(suspect_after=15.0, stall_window=40.0, probe_interval=30.0, probe_retry=5.0)
-    assert cfg.scrape.limits() == ScrapeLimits()
+    assert cfg.scrape.limits() == HttpLimits()
 
 
 def test_empty_file_means_defaults_with_its_name(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import secrets
 import socket
 import stat
 import subprocess
@@ -17,12 +18,14 @@ from typing import Any
 import pytest
 
 from watchdog.evidence import bundle
-from watchdog.evidence.bundle import BundleError, Incident, list_bundles, new_id, prune, write_bundle
+from watchdog.evidence.bundle import BundleError, BundleHeader, list_bundles, prune, write_bundle
 from watchdog.evidence.capture import PTRACE_HINT
 from watchdog.evidence.context import RING_WARNING, Context, LogSource, gather, log_tail
 from watchdog.evidence.explain import Cls, Status
-from watchdog.evidence.findings import Decision, Findings, assess
+from watchdog.evidence.findings import Findings, assess
 from watchdog.evidence.model import Capture, Dump, EngineProcess, ProcFacts
+from watchdog.scrape.engine_http import EngineHTTP
+from watchdog.types import Decision, incident_id
 
 ROOT = Path(__file__).resolve().parents[2]
 DUMPS = ROOT / "tests" / "data" / "dumps"
@@ -279,9 +282,9 @@ def context(**kw: Any) -> Context:
     return Context(**(base | kw))
 
 
-def incident(created: float, state: str = "frozen") -> Incident:
-    return Incident(new_id("0", state, created), "0", state, "no progress for 120s with 4 running",
-                    "http://127.0.0.1:8000", created)
+def incident(created: float, state: str = "frozen") -> BundleHeader:
+    return BundleHeader(incident_id(created, "vllm", "0", state, secrets.token_hex(2)), "0", state,
+                        "no progress for 120s with 4 running", "http://127.0.0.1:8000", created)
 
 
 def write(root: Path, created: float = 1_760_000_000.0, cap: Capture | None = None) -> Path:
@@ -440,7 +443,8 @@ def test_log_tail_from_file_and_ring_warnings_counted(tmp_path: Path, monkeypatc
     assert (where, problem) == (str(log), "")
     assert text.splitlines() == lines[-4:]
     runner = Runner()
-    ctx = gather(f"http://127.0.0.1:{_closed_port()}", "page", LogSource(file=str(log), lines=4), [], None, runner)
+    http = EngineHTTP(f"http://127.0.0.1:{_closed_port()}")
+    ctx = gather(http, "page", LogSource(file=str(log), lines=4), [], None, runner)
     assert ctx.ring_warnings == 3 and ctx.log_source == str(log) and ctx.metrics_page == "page"
     assert ctx.problems == () and runner.calls == []
     assert ctx.versions.get("watchdog") and "vllm" not in ctx.versions  # nobody answered /version
@@ -452,7 +456,7 @@ def test_log_tail_missing_file_is_a_problem(tmp_path: Path, monkeypatch: pytest.
     text, where, problem = log_tail(LogSource(file=str(missing)))
     assert (text, where) == ("", str(missing))
     assert problem == f"log file {missing}: No such file or directory"
-    ctx = gather(f"http://127.0.0.1:{_closed_port()}", "", LogSource(file=str(missing)), [], None, Runner())
+    ctx = gather(EngineHTTP(f"http://127.0.0.1:{_closed_port()}"), "", LogSource(file=str(missing)), [], None, Runner())
     assert ctx.problems == (problem,) and ctx.ring_warnings == 0
 
 

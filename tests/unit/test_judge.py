@@ -7,7 +7,16 @@ import itertools
 import pytest
 
 from watchdog.judge.judge import SERVER, Judge, Thresholds, worst
-from watchdog.types import EngineReading, PageReading, ProbeFinished, ProbeStarted, Scrape, StackEvidence, State
+from watchdog.types import (
+    Decision,
+    EngineReading,
+    PageReading,
+    ProbeFinished,
+    ProbeStarted,
+    Scrape,
+    StackEvidence,
+    State,
+)
 
 TH = Thresholds(suspect_after=15, stall_window=40, probe_interval=30, probe_retry=5)
 
@@ -243,26 +252,73 @@ def test_engine_vanishing_from_the_page_is_down() -> None:
     assert states(j)["1"] == State.DOWN
 
 
-def test_stack_evidence_confirms_early_or_clears_a_suspicion() -> None:
+def suspect_at(t_end: int = 20) -> Judge:
+    """Work pending from t=2, nothing moving: suspect from t=17 (suspect_after 15)."""
     j = ready_judge()
-    j.observe(page(2, running=1, gen=30))
-    for t in range(3, 20):
+    for t in range(2, t_end):
         j.observe(page(t, running=1, gen=30))
     assert states(j) == {"0": State.SUSPECT}
-    j.observe(StackEvidence(20, "0", stuck=False, reason="Worker_TP0 inside the model forward"))
+    return j
+
+
+def test_stack_evidence_confirms_early_or_explains_a_long_step() -> None:
+    j = suspect_at()
+    j.observe(StackEvidence(20, "0", Decision.WORKING, "Worker_TP0 inside the model forward", captured_at=19))
+    v = j.verdicts()[0]
+    assert v.state == State.WORKING and v.stacks_only and "a long step" in v.reason and "model forward" in v.reason
+    for t in range(21, 80):  # far past the 40 s window: the stacks explained it, the page cannot
+        j.observe(page(t, running=1, gen=30))
     assert states(j) == {"0": State.WORKING}
-    for t in range(21, 30):
-        j.observe(page(t, running=1, gen=30))
-    assert states(j) == {"0": State.WORKING}  # the clock restarted at the evidence
-    for t in range(30, 37):
-        j.observe(page(t, running=1, gen=30))
-    assert states(j) == {"0": State.SUSPECT}
-    j.observe(StackEvidence(37, "0", stuck=True, reason="every rank parked in the reader wait"))
-    assert states(j) == {"0": State.FROZEN}
-    j.observe(page(38, running=1, gen=30))
+    # a re-check finds every rank parked: frozen now
+    j.observe(StackEvidence(80, "0", Decision.STUCK, "every rank parked in the reader wait", captured_at=79))
+    v = j.verdicts()[0]
+    assert v.state == State.FROZEN and "on a re-check of a long step" in v.reason
+    j.observe(page(81, running=1, gen=30))
     assert states(j) == {"0": State.FROZEN}  # stays confirmed while nothing moves
-    j.observe(page(39, running=1, gen=31))
-    assert states(j) == {"0": State.WORKING}  # and progress clears it
+    j.observe(page(82, running=1, gen=31))
+    assert states(j) == {"0": State.WORKING} and not j.verdicts()[0].stacks_only  # progress clears it
+
+
+def test_an_explained_long_step_is_one_steady_working_rechecked_at_growing_intervals() -> None:
+    """Seen on the real engine: a long step cycled suspect -> working -> suspect every ~20 s (55 events in 5
+    minutes). Explained once, it stays one `working`; the stacks are looked at again after 15, 30, 60 ... s."""
+    j = suspect_at()
+    transitions = j.observe(StackEvidence(20, "0", Decision.WORKING, "Worker_TP1 is model_forward", captured_at=19))
+    due: list[int] = []
+    for t in range(21, 400):
+        transitions += j.observe(page(t, running=1, gen=30))
+        if j.wants_stacks(t):
+            due.append(t)
+            transitions += j.observe(StackEvidence(t + 1, "0", Decision.WORKING, "Worker_TP1 is model_forward",
+                                                   captured_at=t))
+    assert [tr.to_state for tr in transitions] == [State.WORKING]
+    # each look is due 15, 30, 60, 120 s after the last reading arrived (a second after it was asked for)
+    assert due == [35, 35 + 31, 35 + 31 + 61, 35 + 31 + 61 + 121]
+    assert "checked" in j.verdicts()[0].reason and "next look in" in j.verdicts()[0].reason
+
+
+def test_stacks_never_undo_a_freeze() -> None:
+    """Once frozen only the page (or a successful generation) clears it: a late "working" reading, even one taken
+    after the freeze began, only ever holds the restart (the responder's business), never resolves."""
+    j = ready_judge()
+    for t in range(2, 50):
+        j.observe(page(t, running=1, gen=30))
+    assert states(j) == {"0": State.FROZEN}
+    assert j.observe(StackEvidence(50, "0", Decision.WORKING, "Worker_TP0 inside the model forward",
+                                   captured_at=49)) == []
+    j.observe(page(51, running=1, gen=30))
+    assert states(j) == {"0": State.FROZEN}
+
+
+def test_evidence_older_than_the_current_state_says_nothing() -> None:
+    """Seen: vLLM's own timeout ended the engine; 3 s after `down` a check taken before the death arrived and
+    turned `down` into `working`. Evidence taken before the current state began is stale."""
+    j = suspect_at()
+    j.observe(failed(21, "refused", "nothing listening"))
+    assert states(j) == {"0": State.DOWN}
+    assert j.observe(StackEvidence(24, "0", Decision.WORKING, "Worker_TP0 is model_forward", captured_at=19)) == []
+    assert j.observe(StackEvidence(24, "0", Decision.STUCK, "parked", captured_at=19)) == []
+    assert states(j) == {"0": State.DOWN}
 
 
 def test_frozen_recovers_when_progress_resumes() -> None:
@@ -322,14 +378,14 @@ def test_stack_evidence_is_stamped_when_it_arrives_and_stale_if_the_engine_moved
         j.observe(page(t, running=1, gen=30))
     assert states(j) == {"0": State.SUSPECT}
     # stacks taken at 18, read at 22: the freeze is declared at 22, not back-dated to 18
-    trs = j.observe(StackEvidence(22, "0", stuck=True, reason="parked", captured_at=18))
+    trs = j.observe(StackEvidence(22, "0", Decision.STUCK, "parked", captured_at=18))
     assert [(t.to_state, t.t) for t in trs] == [(State.FROZEN, 22)]
     # stacks taken before the engine last moved say nothing about now
     j2 = ready_judge()
     for t in range(2, 19):
         j2.observe(page(t, running=1, gen=30))
     j2.observe(page(19, running=1, gen=31))
-    assert j2.observe(StackEvidence(21, "0", stuck=True, reason="parked", captured_at=18.5)) == []
+    assert j2.observe(StackEvidence(21, "0", Decision.STUCK, "parked", captured_at=18.5)) == []
 
 
 def test_undecided_stacks_leave_it_to_the_window_and_the_verdict_says_so() -> None:
@@ -337,7 +393,7 @@ def test_undecided_stacks_leave_it_to_the_window_and_the_verdict_says_so() -> No
     j.observe(page(2, running=1, gen=30))
     for t in range(3, 18):
         j.observe(page(t, running=1, gen=30))
-    assert j.observe(StackEvidence(18, "0", stuck=None, reason="incomplete capture (py-spy was not found)",
+    assert j.observe(StackEvidence(18, "0", Decision.UNDECIDED, "incomplete capture (py-spy was not found)",
                                    captured_at=17)) == []
     assert states(j) == {"0": State.SUSPECT}
     for t in range(18, 45):

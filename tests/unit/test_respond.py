@@ -64,10 +64,12 @@ class Harness:
     def submit(self, alert: Alert) -> None:
         self.alerts.append(alert)
 
-    def step(self, state: State, since_ago: float = 0.0, reason: str = "", advance: float = 1.0) -> None:
+    def step(self, state: State, since_ago: float = 0.0, reason: str = "", advance: float = 1.0,
+             stacks_only: bool = False) -> None:
         self.clock.wall += advance
         self.mono += advance
-        v = Verdict("0", state, reason or f"{state.value} for the test", self.mono - since_ago, self.mono)
+        v = Verdict("0", state, reason or f"{state.value} for the test", self.mono - since_ago, self.mono,
+                    stacks_only=stacks_only)
         self.r.step([v], self.mono)
 
     def names(self) -> list[str]:
@@ -159,7 +161,7 @@ def test_an_incident_that_clears_by_itself_is_resolved_without_a_restart(h: Harn
 def test_stacks_alone_do_not_clear_an_incident_and_suspect_does_not_confirm_it(h: Harness) -> None:
     h.step(State.FROZEN)
     h.r.evidence("0", "stuck", "/b", {})
-    h.step(State.WORKING, reason="stacks show work: compiling")
+    h.step(State.WORKING, reason="a long step: the stacks show work: compiling", stacks_only=True)
     h.step(State.SUSPECT)
     assert h.recovery.jobs == [] and "resolved" not in h.sent()
     h.step(State.FROZEN)

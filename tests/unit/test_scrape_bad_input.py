@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from watchdog.judge.judge import SERVER, Judge
-from watchdog.scrape.fetch import MetricsFetcher, ScrapeLimits
-from watchdog.types import Scrape, State, Verdict, base_url
+from watchdog.scrape.fetch import MetricsFetcher
+from watchdog.types import HttpLimits, Scrape, State, Verdict, base_url
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,7 +109,7 @@ def server() -> Iterator[LocalServer]:
 
 
 def fetch(url: str, *, read_timeout: float = 5.0, deadline: float = 10.0, max_bytes: int = 16 * MB) -> Scrape:
-    limits = ScrapeLimits(connect_timeout=2.0, read_timeout=read_timeout, deadline=deadline, max_bytes=max_bytes)
+    limits = HttpLimits(connect_timeout=2.0, read_timeout=read_timeout, deadline=deadline, max_bytes=max_bytes)
     return MetricsFetcher(url, limits).scrape()
 
 

@@ -51,7 +51,7 @@ from watchdog.config.load import Config, Secret
 log = logging.getLogger(__name__)
 
 EVENTS = ("stall_detected", "evidence_captured", "restart_started", "recovered", "restart_failed", "gave_up",
-          "engine_down", "resolved")
+          "engine_down", "watchdog_fault", "resolved")
 _USER_AGENT = f"engine-watchdog/{__version__}"  # receivers can tell which watchdog sent an alert
 
 

@@ -13,16 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from watchdog.act.alerts import Alert, Dispatcher, build_dispatcher
 from watchdog.act.heartbeat import Heartbeat
 from watchdog.act.recovery import RecoveryRunner
 from watchdog.act.respond import Responder
 from watchdog.act.restart import Restarter, RestartOutcome, describe
 from watchdog.config.load import Config, Secret
+from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.probe import generate_once
-from watchdog.types import State, Verdict, base_url
+from watchdog.types import State, Verdict, base_url, incident_id
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +32,18 @@ class _NoAlerts:
 
 
 class Act:
-    def __init__(self, cfg: Config, state_dir: Path, event: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, cfg: Config, state_dir: Path, event: Callable[[dict[str, Any]], None],
+                 http: EngineHTTP) -> None:
+        self.cfg = cfg
         self.alerts: Dispatcher | None = build_dispatcher(cfg)
         a = cfg.alerts
         hb_url = Secret(a.heartbeat_url) if a.heartbeat_url else cfg.secret(
             "alerts.heartbeat_url", a.heartbeat_url_env, a.heartbeat_url_file)
         self.heartbeat = Heartbeat(hb_url, a.heartbeat_interval)
         restarter = Restarter(cfg.restart) if cfg.restart.steps else None
-        session, api_key, base = requests.Session(), cfg.api_key(), base_url(cfg.engine.url)
 
         def generate() -> tuple[bool, bool, str]:
-            ok, answered, detail, _model = generate_once(session, base, cfg.probe.timeout, cfg.probe.model, api_key)
+            ok, answered, detail, _model = generate_once(http, cfg.probe.timeout, cfg.probe.model)
             return ok, answered, detail
 
         def restart(cancel: threading.Event) -> RestartOutcome:
@@ -65,6 +65,15 @@ class Act:
         self.responder.step(verdicts, mono)
         self.heartbeat.beat(mono, bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
         return self.responder.status(time.time())
+
+    def fault(self, stage: str, error: str, where: str, started: float) -> None:
+        """The watchdog's own fault: one alert per stage and watchdog life (the id is the same all that life)."""
+        if self.alerts is None:
+            return
+        fid = incident_id(started, self.cfg.engine.name, "-", f"fault-{stage}", "0")
+        self.alerts.submit(Alert("watchdog_fault", fid, "-", self.cfg.engine.name, base_url(self.cfg.engine.url),
+                                 "watchdog_fault", f"the watchdog's {stage} stage failed: {error}",
+                                 {"stage": stage, "error": error, "where": where[-2000:]}))
 
     def close(self) -> None:
         self.recovery.stop()

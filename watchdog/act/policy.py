@@ -29,7 +29,7 @@ class Choice(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Ruling:
     choice: Choice
     reason: str
     not_before: float | None = None  # WAIT: the wall time the next restart is allowed
@@ -68,27 +68,27 @@ class Budget:
 
 def choose(kind: str, *, budget: Budget, restarts: Sequence[float], now: float, reset_at: float = 0.0,
            stacks_working: bool = False, paused: bool = False, dry_run: bool = False, gave_up: bool = False,
-           has_steps: bool = True, supervised: bool = False, on_boot_timeout: bool = True) -> Decision:
+           has_steps: bool = True, supervised: bool = False, on_boot_timeout: bool = True) -> Ruling:
     """What to do about an open incident of ``kind`` (frozen | down | boot_timeout), confirmed still bad now."""
     if paused:
-        return Decision(Choice.PAUSED, "paused for maintenance: no action (`watchdog resume` ends it)")
+        return Ruling(Choice.PAUSED, "paused for maintenance: no action (`watchdog resume` ends it)")
     if gave_up:
-        return Decision(Choice.OBSERVE, "gave up earlier: observe only until `watchdog reset`")
+        return Ruling(Choice.OBSERVE, "gave up earlier: observe only until `watchdog reset`")
     if kind == "frozen" and stacks_working:
-        return Decision(Choice.HOLD, "the stacks show the engine working (moving between captures): holding")
+        return Ruling(Choice.HOLD, "the stacks show the engine working (moving between captures): holding")
     if kind == "down" and supervised:
-        return Decision(Choice.AWAIT_SUPERVISOR, "the stack's supervisor restarts it: waiting for it to serve")
+        return Ruling(Choice.AWAIT_SUPERVISOR, "the stack's supervisor restarts it: waiting for it to serve")
     if kind == "boot_timeout" and not on_boot_timeout:
-        return Decision(Choice.OBSERVE, "restart.on_boot_timeout is off: alert only")
+        return Ruling(Choice.OBSERVE, "restart.on_boot_timeout is off: alert only")
     if not has_steps:
-        return Decision(Choice.OBSERVE, "no restart steps configured: alert only")
+        return Ruling(Choice.OBSERVE, "no restart steps configured: alert only")
     if dry_run:
-        return Decision(Choice.DRY_RUN, "dry run: the restart is described, not run")
+        return Ruling(Choice.DRY_RUN, "dry run: the restart is described, not run")
     if budget.left(restarts, now, reset_at) <= 0:
-        return Decision(Choice.GIVE_UP, f"restart budget spent ({budget.budget} in {budget.window:g}s): "
+        return Ruling(Choice.GIVE_UP, f"restart budget spent ({budget.budget} in {budget.window:g}s): "
                         "a human is needed")
     not_before = budget.next_allowed(restarts, now, reset_at)
     if now < not_before:
-        return Decision(Choice.WAIT, f"backoff: next restart allowed in {not_before - now:.0f}s", not_before)
-    return Decision(Choice.RESTART, f"restarting ({budget.left(restarts, now, reset_at)} of {budget.budget} "
+        return Ruling(Choice.WAIT, f"backoff: next restart allowed in {not_before - now:.0f}s", not_before)
+    return Ruling(Choice.RESTART, f"restarting ({budget.left(restarts, now, reset_at)} of {budget.budget} "
                     f"left in the budget window)")

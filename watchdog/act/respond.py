@@ -19,9 +19,9 @@ restarting again. While paused nothing is acted on and no alert is sent; events 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +30,7 @@ from watchdog.act.policy import Budget, Choice, choose
 from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
 from watchdog.act.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
 from watchdog.config.load import Config
-from watchdog.types import State, Verdict, base_url
+from watchdog.types import State, Verdict, base_url, incident_id
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,6 @@ class Recoverer(Protocol):
     def poll(self) -> RecoveryDone | None: ...
 
 
-def incident_id(wall: float, stack: str, engine: str) -> str:
-    return f"{datetime.fromtimestamp(wall, UTC):%Y%m%dT%H%M%SZ}-{stack}-{engine}"
-
-
 class Responder:
     def __init__(self, cfg: Config, state_dir: Path, alerts: AlertSender, recovery: Recoverer,
                  event: Callable[[dict[str, Any]], None], plan: list[str] | None = None,
@@ -69,6 +65,7 @@ class Responder:
         self._mono = 0.0
         self._quiet_since: float | None = None  # monotonic time the last incident ended: older verdicts are spent
         self._control_seen: tuple[int, int, int] | None = None
+        self._reserved: dict[str, str] = {}  # engine -> the id its freeze's bundle took before the incident opened
 
     # -- the pass --------------------------------------------------------------------------------------
 
@@ -85,10 +82,22 @@ class Responder:
             self._save()
             self.recovery.start(RecoveryJob(inc.id, False, started + self.r.boot_timeout))
 
+    def id_for(self, engine: str, wall: float) -> str:
+        """The one id of this engine's freeze: the open incident's, or one reserved for the incident that opens
+        next (a freeze's bundle can be asked for in the pass before its incident opens)."""
+        inc = self.memory.incident
+        if inc is not None and inc.engine == engine and inc.kind == "frozen":
+            return inc.id
+        if engine not in self._reserved:
+            self._reserved[engine] = incident_id(wall, self.cfg.engine.name, engine, "frozen", secrets.token_hex(2))
+        return self._reserved[engine]
+
     def step(self, verdicts: list[Verdict], mono: float) -> None:
         now = self.wall()
         self._read_control()
         self._verdicts, self._mono = {v.engine: v for v in verdicts}, mono
+        for engine in [e for e in self._reserved if e not in self._verdicts or self._verdicts[e].state != State.FROZEN]:
+            del self._reserved[engine]  # that freeze is over: its id is not for a later one
         if (done := self.recovery.poll()) is not None:
             self._recovery_done(done, now)
         inc = self.memory.incident
@@ -160,7 +169,9 @@ class Responder:
         return None
 
     def _open(self, kind: str, v: Verdict, now: float) -> None:
-        inc = Incident(incident_id(now, self.cfg.engine.name, v.engine), v.engine, kind, now, v.reason)
+        reserved = self._reserved.pop(v.engine, None) if kind == "frozen" else None
+        iid = reserved or incident_id(now, self.cfg.engine.name, v.engine, kind, secrets.token_hex(2))
+        inc = Incident(iid, v.engine, kind, now, v.reason)
         inc.phase = "evidence" if kind == "frozen" and self.cfg.capture.enabled else "open"
         self._evidence_wait_until = now + self.r.evidence_timeout
         self.memory.incident, self._said = inc, ""
@@ -176,7 +187,7 @@ class Responder:
     def _cleared(self, inc: Incident) -> bool:
         """Serving again by itself: progress or a successful generation (stacks alone do not count)."""
         v = self._verdicts.get(inc.engine)
-        return v is not None and v.state in (State.WORKING, State.IDLE) and not v.reason.startswith("stacks show")
+        return v is not None and v.state in (State.WORKING, State.IDLE) and not v.stacks_only
 
     def _confirmed(self, inc: Incident) -> bool:
         """Still bad in this pass's verdicts: the last check before acting."""

@@ -19,8 +19,7 @@ from typing import Any
 
 from watchdog.config.act import AlertsSection, RestartSection, SinkSection, StepSection, check_alerts, check_restart
 from watchdog.judge.judge import Thresholds
-from watchdog.scrape.fetch import ScrapeLimits
-from watchdog.types import base_url
+from watchdog.types import HttpLimits, base_url
 
 
 class ConfigError(Exception):
@@ -59,8 +58,8 @@ class ScrapeSection:
     deadline: float = 10.0
     max_bytes: int = 16 * 1024 * 1024
 
-    def limits(self) -> ScrapeLimits:
-        return ScrapeLimits(self.connect_timeout, self.read_timeout, self.deadline, self.max_bytes)
+    def limits(self) -> HttpLimits:
+        return HttpLimits(self.connect_timeout, self.read_timeout, self.deadline, self.max_bytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import time
 from dataclasses import dataclass
@@ -31,18 +30,16 @@ class BundleError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Incident:
+class BundleHeader:
+    """What a bundle says of the incident it belongs to. ``id`` is the incident's one id (`watchdog.types.incident_id`):
+    the bundle's directory name, and the id in every event, alert and ``watchdog status``."""
+
     id: str
     engine: str
     state: str  # the verdict that triggered it (frozen, or "manual" for `watchdog dump`)
     reason: str
     url: str
     created: float  # wall time
-
-
-def new_id(engine: str, state: str, wall: float) -> str:
-    stamp = datetime.fromtimestamp(wall, UTC).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-engine{engine}-{state}-{secrets.token_hex(2)}"
 
 
 def _frames(frames: tuple[Frame, ...]) -> list[dict[str, Any]]:
@@ -63,7 +60,8 @@ def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
     }
 
 
-def manifest(inc: Incident, capture: Capture, findings: Findings, context: Context, files: list[str]) -> dict[str, Any]:
+def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: Context,
+             files: list[str]) -> dict[str, Any]:
     return {
         "version": MANIFEST_VERSION,
         "id": inc.id, "created": datetime.fromtimestamp(inc.created, UTC).isoformat(), "engine": inc.engine,
@@ -118,7 +116,7 @@ def _write(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def write_bundle(root: Path, inc: Incident, capture: Capture, findings: Findings, context: Context) -> Path:
+def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Findings, context: Context) -> Path:
     """Write the bundle atomically; returns its final directory."""
     partial = root / f"{PARTIAL}{inc.id}"
     final = root / inc.id

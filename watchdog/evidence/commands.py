@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,9 @@ from watchdog.evidence.bundle import BundleError, list_bundles
 from watchdog.evidence.explain import ProcessExplanation, classify, cross_rank, poll_parking
 from watchdog.evidence.investigate import Investigator
 from watchdog.evidence.stacks import Frame, StackParseError, parse_any
+from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.fetch import MetricsFetcher
+from watchdog.types import incident_id
 
 EXIT_COMPLETE, EXIT_INCOMPLETE, EXIT_NOTHING = 0, 1, 2
 
@@ -24,9 +28,9 @@ def _frames_text(frames: tuple[Frame, ...] | list[dict[str, Any]], n: int = 4) -
     return " < ".join(f"{fn} ({file.rsplit('/', 1)[-1]})" for fn, file in parts) or "-"
 
 
-def work_pending(cfg: Config) -> bool | None:
+def work_pending(http: EngineHTTP) -> bool | None:
     """Whether the page shows work pending right now (None: the page cannot be read)."""
-    scrape = MetricsFetcher(cfg.engine.url, cfg.scrape.limits()).scrape()
+    scrape = MetricsFetcher(http).scrape()
     if scrape.page is None or not scrape.page.engines:
         return None
     return any((e.running or 0) > 0 or (e.waiting or 0) > 0 for e in scrape.page.engines.values())
@@ -34,11 +38,14 @@ def work_pending(cfg: Config) -> bool | None:
 
 def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     cfg = cfg.with_overrides(capture={"native": True if args.native else None})
-    inv = Investigator(cfg)
-    evidence = inv.investigate(work_pending=work_pending(cfg))
+    http = EngineHTTP(cfg.engine.url, cfg.scrape.limits(), cfg.api_key().reveal())
+    inv = Investigator(cfg, http)
+    evidence = inv.investigate(work_pending=work_pending(http))
     out = Path(args.out) if args.out else inv.incidents_dir
+    wall = time.time()
+    incident = incident_id(wall, cfg.engine.name, "all", "manual", secrets.token_hex(2))
     try:
-        path = inv.write("all", "manual", "watchdog dump on demand", evidence, out)
+        path = inv.write(incident, "all", "manual", "watchdog dump on demand", evidence, out)
     except BundleError as err:
         print(f"watchdog: {err}", file=sys.stderr)
         path = None

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import requests
 
 from watchdog import __version__
 from watchdog.evidence.capture import DumpRunner, run_argv
+from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +78,14 @@ def gpu_state(runner: DumpRunner = run_argv, timeout: float = 10.0) -> tuple[str
     return (out, "") if rc == 0 else ("", f"nvidia-smi failed (exit {rc}): {err.strip()[:200]}")
 
 
-def engine_versions(pids: Sequence[int], base_url: str, pyspy: str | None,
+def engine_versions(pids: Sequence[int], http: EngineHTTP, pyspy: str | None,
                     runner: DumpRunner = run_argv) -> dict[str, str]:
     versions = {"watchdog": __version__}
     try:
-        r = requests.get(f"{base_url}/version", timeout=3)
-        if r.ok:
-            versions["vllm"] = str(r.json().get("version", ""))
-    except (requests.RequestException, ValueError):
+        reply = http.get("/version", accept="application/json", read_timeout=3.0, max_bytes=64 * 1024)
+        if reply.status == 200:
+            versions["vllm"] = str(reply.json().get("version", ""))
+    except (HttpFailure, ValueError, AttributeError):
         pass
     for pid in pids:  # torch (and vllm, when /version did not answer) from the engine's own site-packages
         try:
@@ -105,7 +105,7 @@ def engine_versions(pids: Sequence[int], base_url: str, pyspy: str | None,
     return versions
 
 
-def gather(base_url: str, metrics_page: str, src: LogSource, pids: Sequence[int], pyspy: str | None,
+def gather(http: EngineHTTP, metrics_page: str, src: LogSource, pids: Sequence[int], pyspy: str | None,
            runner: DumpRunner = run_argv) -> Context:
     problems: list[str] = []
     tail, where, problem = log_tail(src, runner)
@@ -115,13 +115,16 @@ def gather(base_url: str, metrics_page: str, src: LogSource, pids: Sequence[int]
     if problem:
         problems.append(problem)
     ring = len(re.findall(re.escape(RING_WARNING), tail))
-    return Context(metrics_page, tail, where, ring, gpu, engine_versions(pids, base_url, pyspy, runner),
+    return Context(metrics_page, tail, where, ring, gpu, engine_versions(pids, http, pyspy, runner),
                    tuple(problems))
 
 
-def fetch_metrics_page(base_url: str, timeout: float = 5.0) -> tuple[str, str]:
+def fetch_metrics_page(http: EngineHTTP) -> tuple[str, str]:
+    """The raw page for the bundle (the judgement's reading of it is elsewhere): (text, problem)."""
     try:
-        r = requests.get(f"{base_url}/metrics", timeout=timeout, headers={"Accept-Encoding": "identity"})
-        return r.text[:16 * 1024 * 1024], ""
-    except requests.RequestException as e:
-        return "", f"metrics page: {type(e).__name__}"
+        reply = http.get("/metrics", accept="text/plain")
+    except HttpFailure as e:
+        return "", f"metrics page: {e.message}"
+    if reply.status != 200:
+        return "", f"metrics page: HTTP {reply.status}"
+    return reply.body.decode("utf-8", "replace"), ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import StrEnum
 
 from watchdog.evidence.explain import (
     Cls,
@@ -22,17 +21,12 @@ from watchdog.evidence.explain import (
 from watchdog.evidence.model import Capture, Dump, EngineProcess
 from watchdog.evidence.roles import ENGINE_ROLES, Role
 from watchdog.evidence.stacks import Frame, ProcessStack, StackParseError, parse_pyspy_json
+from watchdog.types import Decision
 
 _WORKING = {Cls.MODEL_FORWARD, Cls.COMPILE}  # a rank doing real work: the silence is a long step
 # Waiting loops move between their own lines (spin, poll with a timeout, re-check): that is not progress.
 _WAITING = {Cls.IDLE_READER_WAIT, Cls.ENGINE_IDLE, Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING,
             Cls.STOPPED}
-
-
-class Decision(StrEnum):
-    STUCK = "stuck"  # confirm the suspicion: frozen now
-    WORKING = "working"  # clear it: a long step
-    UNDECIDED = "undecided"  # leave it to the metric-only stall window
 
 
 @dataclass(frozen=True, slots=True)

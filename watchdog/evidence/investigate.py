@@ -14,14 +14,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from watchdog.config.load import Config
-from watchdog.evidence.bundle import BundleError, Incident, new_id, prune, write_bundle
+from watchdog.evidence.bundle import BundleError, BundleHeader, prune, write_bundle
 from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
 from watchdog.evidence.context import LogSource, fetch_metrics_page, gather
 from watchdog.evidence.discover import discover
 from watchdog.evidence.findings import Findings, assess
 from watchdog.evidence.model import Capture, EngineProcess
 from watchdog.evidence.roles import Role
-from watchdog.types import base_url
+from watchdog.scrape.engine_http import EngineHTTP
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,11 @@ class Evidence:
 
 
 class Investigator:
-    def __init__(self, cfg: Config, finder: Callable[[], list[EngineProcess]] | None = None,
+    def __init__(self, cfg: Config, http: EngineHTTP, finder: Callable[[], list[EngineProcess]] | None = None,
                  capturer: Capturer | None = None) -> None:
-        self.cfg = cfg
+        self.cfg, self.http = cfg, http
         c = cfg.capture
-        self.base = base_url(cfg.engine.url)
+        self.base = http.base
         self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter))
         self.capturer = capturer or Capturer(find_pyspy(c.pyspy), c.timeout, c.native, c.locals)
         self.incidents_dir = Path(cfg.state.dir) / "incidents"
@@ -65,16 +65,18 @@ class Investigator:
                  findings.reason)
         return Evidence(capture, findings, seconds)
 
-    def write(self, engine: str, state: str, reason: str, evidence: Evidence, root: Path | None = None) -> Path:
+    def write(self, incident: str, engine: str, state: str, reason: str, evidence: Evidence,
+              root: Path | None = None) -> Path:
+        """The bundle of incident ``incident`` (its one id names the directory)."""
         c = self.cfg.capture
-        page, problem = fetch_metrics_page(self.base)
-        context = gather(self.base, page, LogSource(c.log_file, c.journal_unit, c.docker_container, c.log_lines),
+        page, problem = fetch_metrics_page(self.http)
+        context = gather(self.http, page, LogSource(c.log_file, c.journal_unit, c.docker_container, c.log_lines),
                          [p.pid for p in evidence.capture.processes if p.role == Role.ENGINE_CORE],
                          self.capturer.pyspy)
         if problem:
             context = replace(context, problems=(*context.problems, problem))
         wall = time.time()
-        inc = Incident(new_id(engine, state, wall), engine, state, reason, self.base, wall)
+        inc = BundleHeader(incident, engine, state, reason, self.base, wall)
         root = root or self.incidents_dir
         path = write_bundle(root, inc, evidence.capture, evidence.findings, context)
         removed = prune(root, self.cfg.incidents.max_count, self.cfg.incidents.max_bytes)
@@ -90,6 +92,7 @@ class EvidenceJob:
     reason: str
     bundle: bool  # write an incident bundle (a freeze), or only check the stacks (a suspicion)
     reuse_after: float  # a capture of this engine started after this (monotonic) may serve instead of a new one
+    incident: str = ""  # the incident whose bundle this is (bundle jobs only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +150,7 @@ class EvidenceRunner:
         if not job.bundle:
             return EvidenceDone(job, started, evidence, None)
         try:
-            path = self.investigator.write(job.engine, job.state, job.reason, evidence)
+            path = self.investigator.write(job.incident, job.engine, job.state, job.reason, evidence)
         except BundleError as e:
             log.error("%s", e)
             return EvidenceDone(job, started, evidence, None, str(e))

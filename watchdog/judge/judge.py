@@ -25,6 +25,7 @@ from watchdog.types import (
     DOWN_KINDS,
     NO_ANSWER,
     SERVING_COUNTERS,
+    Decision,
     EngineReading,
     Observation,
     ProbeFinished,
@@ -46,6 +47,7 @@ class Thresholds:
     stall_window: float = 40.0
     probe_interval: float = 30.0  # 0 disables probes
     probe_retry: float = 5.0  # while starting, how often to try to prove the engine serves
+    recheck_max: float = 240.0  # a long step the stacks explained is checked again after 15, 30, 60 ... s, at most this
     kv_epsilon: float = 1e-12
 
 
@@ -60,6 +62,9 @@ class _Track:
     last_progress: float | None = None
     pending_since: float | None = None
     confirmed: StackEvidence | None = None
+    explained: StackEvidence | None = None  # the stacks showed this stall to be a long step
+    checks: int = 0  # stack checks that explained this stall
+    next_check: float | None = None  # when to look at the stacks of an explained stall again
     undecided: str = ""  # why the stacks could not decide during this stall
     ready: bool = False
     incarnation: int = 1
@@ -71,8 +76,12 @@ class _Track:
             self.incarnation += 1
         self.counters, self.kv, self.ready = None, None, False
         self.last_progress = self.pending_since = None
-        self.confirmed = None
+        self.forget_stacks()
         self.running = self.waiting = 0.0
+
+    def forget_stacks(self) -> None:
+        self.confirmed = self.explained = None
+        self.checks, self.next_check, self.undecided = 0, None, ""
 
 
 @dataclass(slots=True)
@@ -126,6 +135,12 @@ class Judge:
             if since_last >= gap:
                 return True
         return False
+
+    def wants_stacks(self, t: float) -> list[str]:
+        """Engines whose explained long step is due for another look at the stacks (suspicions are asked for by
+        their transition)."""
+        return [tr.engine for tr in self.tracks.values()
+                if tr.explained is not None and tr.next_check is not None and t >= tr.next_check]
 
     # -- scrapes ---------------------------------------------------------------------------------------
 
@@ -197,7 +212,8 @@ class Judge:
             tr.running, tr.waiting = r.running, r.waiting
         tr.counters, tr.kv = dict(r.counters), r.kv_usage
         if progress:
-            tr.last_progress, tr.confirmed, tr.undecided = t, None, ""
+            tr.last_progress = t
+            tr.forget_stacks()
             if SERVING_COUNTERS & set(progress):
                 tr.ready = True
                 self.probe.stuck_since = None
@@ -218,6 +234,9 @@ class Judge:
             stalled = t - stall_start
             if tr.confirmed is not None and tr.confirmed.taken >= stall_start:
                 return self._set(tr, t, State.FROZEN, f"stacks confirm: {tr.confirmed.reason} ({work})", stalled)
+            if tr.explained is not None and tr.explained.taken >= stall_start:
+                return self._set(tr, t, State.WORKING, self._long_step(tr, t, stalled, work), stalled,
+                                 stacks_only=True)
             if stalled >= th.stall_window:
                 blind = f"; metrics only: the stacks could not decide ({tr.undecided})" if tr.undecided else ""
                 return self._set(tr, t, State.FROZEN,
@@ -278,19 +297,35 @@ class Judge:
         return []
 
     def _on_evidence(self, e: StackEvidence) -> list[Transition]:
+        """Stacks decide a suspicion, or re-check a long step they explained. They never undo a freeze: once frozen,
+        only progress on the page or a successful generation clears it (the stacks may only hold a restart)."""
         tr = self.tracks.get(e.engine)
         if tr is None or tr.verdict is None:
             return []
-        if tr.last_progress is not None and tr.last_progress > e.taken:
-            return []  # the engine moved after these stacks were taken: they say nothing about now
-        if e.stuck is None:
-            tr.undecided = e.reason
+        v = tr.verdict
+        if e.taken < v.since or (tr.last_progress is not None and tr.last_progress > e.taken):
+            return []  # taken before the engine's current state began, or before it moved: says nothing about now
+        rechecking = v.state == State.WORKING and tr.explained is not None
+        if v.state != State.SUSPECT and not rechecking:
             return []
-        if e.stuck:
-            tr.confirmed = e
-            return self._set(tr, e.t, State.FROZEN, f"stacks confirm: {e.reason}", tr.verdict.stalled_for)
-        tr.last_progress, tr.confirmed = e.t, None
-        return self._set(tr, e.t, State.WORKING, f"stacks show work: {e.reason}")
+        if e.decision == Decision.STUCK:
+            tr.confirmed, tr.explained, tr.next_check = e, None, None
+            again = " on a re-check of a long step" if rechecking else ""
+            return self._set(tr, e.t, State.FROZEN, f"stacks confirm{again}: {e.reason}", v.stalled_for)
+        if e.decision == Decision.UNDECIDED:
+            tr.undecided, tr.explained, tr.next_check = e.reason, None, None
+            return []  # the metric window decides now, and its verdict says why the stacks could not
+        tr.explained, tr.checks = e, tr.checks + 1
+        tr.next_check = e.t + min(self.thresholds.suspect_after * 2 ** (tr.checks - 1), self.thresholds.recheck_max)
+        work = f"running={tr.running:g} waiting={tr.waiting:g}"
+        return self._set(tr, e.t, State.WORKING, self._long_step(tr, e.t, v.stalled_for, work), v.stalled_for,
+                         stacks_only=True)
+
+    def _long_step(self, tr: _Track, t: float, stalled: float, work: str) -> str:
+        assert tr.explained is not None
+        nxt = f"; next look in {max(0.0, tr.next_check - t):.0f}s" if tr.next_check is not None else ""
+        return (f"a long step: nothing moved on the page for {stalled:.0f}s ({work}) but the stacks show work: "
+                f"{tr.explained.reason} (checked {tr.checks}x{nxt})")
 
     # -- bookkeeping -----------------------------------------------------------------------------------
 
@@ -302,10 +337,12 @@ class Judge:
             out += self._set(tr, t, state, reason)
         return out
 
-    def _set(self, tr: _Track, t: float, state: State, reason: str, stalled: float = 0.0) -> list[Transition]:
+    def _set(self, tr: _Track, t: float, state: State, reason: str, stalled: float = 0.0,
+             stacks_only: bool = False) -> list[Transition]:
         old = tr.verdict
         since = old.since if old is not None and old.state == state else t
-        tr.verdict = Verdict(tr.engine, state, reason, since, t, stalled, tr.incarnation, tr.model, tr.last_progress)
+        tr.verdict = Verdict(tr.engine, state, reason, since, t, stalled, tr.incarnation, tr.model, tr.last_progress,
+                             stacks_only)
         if old is not None and old.state == state:
             return []
         return [Transition(t, tr.engine, old.state if old else None, state, reason)]

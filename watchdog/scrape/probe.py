@@ -4,6 +4,8 @@ A request stuck on the first step after idle leaves the page at running=0, waiti
 judgement cannot tell idle from stuck it asks for a probe: ``max_tokens=1``, a unique prompt (so the
 prefix cache answers nothing), a hard deadline, at most one in flight. It runs in a background thread
 so the watcher keeps scraping while it waits; its outcome reaches the judgement as an observation.
+The same generation proves an engine back after a restart (`generate_once`). Both go through the engine's one
+HTTP session (`watchdog.scrape.engine_http`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import requests
-
-from watchdog.config.load import Secret
-from watchdog.types import ProbeFinished, ProbeStarted, base_url
+from watchdog.scrape.engine_http import LOST, EngineHTTP, HttpFailure
+from watchdog.types import NO_ANSWER, ProbeFinished, ProbeStarted
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +27,14 @@ log = logging.getLogger(__name__)
 class Prober:
     def __init__(
         self,
-        url: str,
+        http: EngineHTTP,
         timeout: float,
         model: str = "",
-        api_key: Secret | None = None,
-        session_factory: Callable[[], requests.Session] = requests.Session,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.base = base_url(url)
+        self.http = http
         self.timeout = timeout
         self.model = model
-        self._api_key = api_key or Secret("")
-        self._session_factory = session_factory
         self._clock = clock
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -83,22 +79,17 @@ class Prober:
             self._finished = finished
 
     def _send(self) -> tuple[bool, bool, str]:
-        with self._session_factory() as session:
-            ok, answered, detail, self.model = generate_once(session, self.base, self.timeout, self.model,
-                                                             self._api_key)
+        ok, answered, detail, self.model = generate_once(self.http, self.timeout, self.model)
         return ok, answered, detail
 
 
-def generate_once(session: requests.Session, base: str, timeout: float, model: str = "",
-                  api_key: Secret | None = None) -> tuple[bool, bool, str, str]:
+def generate_once(http: EngineHTTP, timeout: float, model: str = "") -> tuple[bool, bool, str, str]:
     """One ``max_tokens=1`` generation: (ok, answered, detail, model). ``answered`` is False when no response came
-    before the deadline. An empty ``model`` is looked up in /v1/models (the returned one is then known)."""
-    key = api_key.reveal() if api_key else ""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    session.trust_env = False  # straight to the engine, like the scrape
+    before the deadline (or the connection closed without one). An empty ``model`` is looked up in /v1/models
+    (the returned one is then known)."""
     t0 = time.monotonic()
     try:
-        model = model or _discover_model(session, base, timeout, headers)
+        model = model or _discover_model(http, timeout)
         body: dict[str, Any] = {
             "model": model,
             "prompt": f"{uuid.uuid4().hex} liveness probe",
@@ -106,39 +97,40 @@ def generate_once(session: requests.Session, base: str, timeout: float, model: s
             "temperature": 0,
             "stream": False,
         }
-        resp = session.post(f"{base}/v1/completions", json=body, headers=headers, timeout=(min(5.0, timeout), timeout))
-    except requests.exceptions.ReadTimeout:
-        return False, False, f"no answer within {timeout:g}s", model
-    except requests.exceptions.ConnectionError as e:
-        if "Read timed out" in str(e) or "RemoteDisconnected" in str(e):
+        reply = http.post_json("/v1/completions", body, read_timeout=timeout)
+    except HttpFailure as e:
+        if e.kind == NO_ANSWER:
+            return False, False, f"no answer within {timeout:g}s", model
+        if e.kind == LOST:
             return False, False, f"connection lost after {time.monotonic() - t0:.1f}s without an answer", model
-        return False, True, "cannot connect to the server", model
+        if e.kind in ("refused", "unreachable"):
+            return False, True, "cannot connect to the server", model
+        return False, True, f"request failed: {e.message}", model
     except _ModelLookupFailed as e:
         return False, e.answered, str(e), model
-    except requests.exceptions.RequestException as e:
-        return False, True, f"request failed: {type(e).__name__}", model
     elapsed = time.monotonic() - t0
-    if resp.status_code != 200:
-        return False, True, f"HTTP {resp.status_code} from /v1/completions: {resp.text[:160].strip()}", model
+    if reply.status != 200:
+        return False, True, f"HTTP {reply.status} from /v1/completions: {reply.text()}", model
     try:
-        choices = resp.json().get("choices")
-    except ValueError:
+        choices = reply.json().get("choices")
+    except (ValueError, AttributeError):
         return False, True, "HTTP 200 but the body is not JSON", model
     if not choices:
         return False, True, "HTTP 200 but no choices in the answer", model
     return True, True, f"one token generated in {elapsed:.2f}s", model
 
 
-def _discover_model(session: requests.Session, base: str, timeout: float, headers: dict[str, str]) -> str:
+def _discover_model(http: EngineHTTP, timeout: float) -> str:
     try:
-        resp = session.get(f"{base}/v1/models", headers=headers, timeout=(min(5.0, timeout), timeout))
-    except requests.exceptions.ReadTimeout:
-        raise _ModelLookupFailed(f"/v1/models gave no answer within {timeout:g}s", answered=False) from None
-    if resp.status_code != 200:
-        raise _ModelLookupFailed(f"HTTP {resp.status_code} from /v1/models (set probe.model, or the API key?)")
+        reply = http.get("/v1/models", accept="application/json", read_timeout=timeout)
+    except HttpFailure as e:
+        if e.kind in (NO_ANSWER, LOST):
+            raise _ModelLookupFailed(f"/v1/models gave no answer within {timeout:g}s", answered=False) from None
+        raise _ModelLookupFailed(f"/v1/models: {e.message}") from None
+    if reply.status != 200:
+        raise _ModelLookupFailed(f"HTTP {reply.status} from /v1/models (set probe.model, or the API key?)")
     try:
-        data = resp.json()["data"]
-        return str(data[0]["id"])
+        return str(reply.json()["data"][0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
         raise _ModelLookupFailed("/v1/models lists no model") from None
 

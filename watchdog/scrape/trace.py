@@ -6,6 +6,7 @@ verdicts, so replaying it under other thresholds shows what those thresholds wou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import IO, Any
 
 from watchdog.judge.judge import Judge, Thresholds
 from watchdog.types import (
+    Decision,
     EngineReading,
     Observation,
     PageReading,
@@ -53,7 +55,7 @@ def to_record(obs: Observation, wall: float | None = None) -> dict[str, Any]:
     if isinstance(obs, ServerProcess):
         return {"kind": "server_process", "t": obs.t, "wall": wall, "pid": obs.pid, "started": obs.started_wall,
                 "titles": list(obs.titles)}
-    return {"kind": "evidence", "t": obs.t, "wall": wall, "engine": obs.engine, "stuck": obs.stuck,
+    return {"kind": "evidence", "t": obs.t, "wall": wall, "engine": obs.engine, "decision": obs.decision.value,
             "reason": obs.reason, "captured_at": obs.captured_at}
 
 
@@ -77,9 +79,12 @@ def from_record(rec: dict[str, Any]) -> Observation:
     if kind == "server_process":
         return ServerProcess(t, rec.get("pid"), float(rec.get("started") or 0), tuple(rec.get("titles", ())))
     if kind == "evidence":
-        stuck = rec.get("stuck")
-        return StackEvidence(t, rec["engine"], None if stuck is None else bool(stuck), rec.get("reason", ""),
-                             float(rec.get("captured_at") or 0))
+        if "decision" in rec:
+            decision = Decision(rec["decision"])
+        else:  # traces of 0.1: "stuck" true, false or null
+            stuck = rec.get("stuck")
+            decision = Decision.UNDECIDED if stuck is None else Decision.STUCK if stuck else Decision.WORKING
+        return StackEvidence(t, rec["engine"], decision, rec.get("reason", ""), float(rec.get("captured_at") or 0))
     raise KeyError(f"unknown observation kind {kind!r}")
 
 
@@ -122,11 +127,20 @@ class TraceWriter:
         self._f: IO[str] | None = None
 
     def write(self, obs: Observation, wall: float | None = None) -> None:
-        if self._f is None:
-            self._open()
-        assert self._f is not None
-        self._f.write(json.dumps(to_record(obs, wall), separators=(",", ":")) + "\n")
-        self._f.flush()
+        """Append one observation. An OSError (disk full) drops the open handle and is raised: the next write
+        opens the file again."""
+        try:
+            if self._f is None:
+                self._open()
+            assert self._f is not None
+            self._f.write(json.dumps(to_record(obs, wall), separators=(",", ":")) + "\n")
+            self._f.flush()
+        except OSError:
+            f, self._f = self._f, None
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+            raise
         if self.max_bytes and self._f.tell() > self.max_bytes:
             self._f.close()
             os.replace(self.path, self.path.with_name(self.path.name + ".1"))

@@ -44,6 +44,10 @@ class Exporter:
         self.incident_open = Gauge("watchdog_incident_open", "1 while an incident is open", registry=r)
         self.actions = Counter("watchdog_incident_events", "Incident events (restart_started, recovered, ...)",
                                ["event"], registry=r)
+        self.pass_errors = Counter("watchdog_pass_errors", "Stages of a pass that failed (the watch went on)",
+                                   ["stage"], registry=r)
+        self.write_errors = Counter("watchdog_write_errors", "Writes to the state directory that failed (disk full?)",
+                                    ["file"], registry=r)
         self.port = 0
 
     def serve(self, listen: str, port: int) -> int:
