@@ -1,0 +1,184 @@
+"""Drive the device run: each program in device/gpu_programs.py, observed with the watchdog's own readers.
+
+    python3 device/run_all.py --out DIR --pyspy PATH
+
+For every scenario: NVML samples through watchdog.evidence.gpu_nvml.NvmlSource (0.5 s apart), py-spy dumps
+(plain JSON, --native JSON, --native text) through watchdog.evidence.capture.Capturer; for the NCCL ones also
+the recorder settings read from /proc/PID/environ, NCCL RAS answers (healthy, during the stall, with the process
+stopped), and Flight Recorder dumps triggered through watchdog.evidence.fr_trigger (healthy and stalled, timed).
+Writes DIR/results.json and the raw files beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from watchdog.evidence.capture import Capturer  # noqa: E402
+from watchdog.evidence.fr_trigger import config_of, trigger  # noqa: E402
+from watchdog.evidence.gpu_nvml import NvmlSource  # noqa: E402
+from watchdog.evidence.nccl_ras import query_ras  # noqa: E402
+
+PROG = Path(__file__).resolve().parent / "gpu_programs.py"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def wait_file(p: Path, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if p.exists():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def sample(src: NvmlSource, seconds: float, every: float = 0.5) -> list[dict[str, Any]]:
+    out = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        out.extend(s.to_json() for s in src.sample())
+        time.sleep(every)
+    return out
+
+
+def dumps(cap: Capturer, pyspy: str, pid: int, d: Path) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    for native in (False, True):
+        cap.native = native
+        dmp = cap.dump_one(pid)
+        key = "native" if native else "plain"
+        res[key] = {"ok": dmp.ok, "error": dmp.error, "seconds": round(dmp.seconds, 3),
+                    "state": dmp.facts.state if dmp.facts else None, "wchan": dmp.facts.wchan if dmp.facts else None}
+        (d / f"pyspy-{key}.json").write_text(dmp.output or "")
+    r = subprocess.run([pyspy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=30,
+                       check=False)
+    (d / "pyspy-native.txt").write_text(r.stdout + r.stderr)
+    return res
+
+
+def scenario(name: str, work: Path, src: NvmlSource, cap: Capturer, pyspy: str, observe: float,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
+    d = work / name
+    d.mkdir(parents=True)
+    log(f"{name}: start")
+    with open(d / "program.log", "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(PROG), name, "--dir", str(d), "--seconds", "45"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+    res: dict[str, Any] = {"pid": proc.pid, "t_start": time.time()}
+    try:
+        if not wait_file(d / "ready", 180, proc):
+            res["error"] = "never ready"
+            return res
+        res["ready"] = (d / "ready").read_text()
+        if name.startswith("nccl"):
+            res.update(nccl_phase(d, proc, src, cap, pyspy, observe))
+        else:
+            time.sleep(1.0)
+            res["samples"] = sample(src, observe)
+            res["dumps"] = dumps(cap, pyspy, proc.pid, d)
+    finally:
+        (d / "release").write_text("1")
+        try:
+            res["exit"] = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            res["exit"] = f"killed: {proc.wait()}"
+        res["t_end"] = time.time()
+        log(f"{name}: exit {res['exit']}")
+    return res
+
+
+def fr_record(d: Path, pid: int, tag: str) -> dict[str, Any]:
+    t = trigger([pid], {pid: 0}, settle=15.0)
+    out: dict[str, Any] = {"seconds": t.seconds, "problems": list(t.problems), "ranks": []}
+    for r in t.ranks:
+        if r.data:
+            (d / f"fr-{tag}-rank{r.rank}.pickle").write_bytes(r.data)
+        out["ranks"].append({"rank": r.rank, "pipe": r.pipe, "dump": r.dump, "bytes": len(r.data),
+                             "error": r.error, "seconds": r.seconds})
+    return out
+
+
+def nccl_phase(d: Path, proc: subprocess.Popen[bytes], src: NvmlSource, cap: Capturer, pyspy: str,
+               observe: float) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    cfg = config_of(proc.pid)
+    res["fr_config"] = None if cfg is None else {"buffer_size": cfg.buffer_size, "pipe_prefix": cfg.pipe_prefix,
+                                                 "dump_prefix": cfg.dump_prefix, "problems": list(cfg.problems)}
+    res["pipes_seen"] = sorted(p.name for p in d.iterdir() if p.name.endswith(".pipe"))
+    ras = query_ras(timeout=10)
+    (d / "ras-healthy.txt").write_text(ras.text)
+    res["ras_healthy"] = {"ok": ras.ok, "error": ras.error, "seconds": ras.seconds}
+    res["fr_healthy"] = fr_record(d, proc.pid, "healthy")
+    (d / "go").write_text("1")
+    if not wait_file(d / "stalled", 60, proc):
+        res["error"] = "never stalled"
+        return res
+    time.sleep(1.0)
+    res["samples"] = sample(src, observe)
+    res["dumps"] = dumps(cap, pyspy, proc.pid, d)
+    ras = query_ras(timeout=10)
+    (d / "ras-stalled.txt").write_text(ras.text)
+    res["ras_stalled"] = {"ok": ras.ok, "error": ras.error, "seconds": ras.seconds}
+    res["fr_stalled"] = fr_record(d, proc.pid, "stalled")
+    if proc.poll() is not None:
+        return res
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        ras = query_ras(timeout=3)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    (d / "ras-stopped.txt").write_text(ras.text)
+    res["ras_stopped"] = {"ok": ras.ok, "error": ras.error, "seconds": ras.seconds}
+    res["samples_after"] = sample(src, 2.0)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--pyspy", required=True)
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    work = a.out
+    work.mkdir(parents=True, exist_ok=True)
+    src = NvmlSource()
+    why = src.open()
+    results: dict[str, Any] = {"nvml_unavailable": why, "scenarios": {}}
+    if why:
+        log(f"NVML unavailable: {why}")
+    cap = Capturer(a.pyspy, timeout=30)
+    names = ["idle", "matmul", "gemv", "spin", "spin_wide", "nccl", "nccl_bypass"]
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531",
+           "NCCL_RAS_ENABLE": "1"}
+    for name in [n for n in names if not a.only or n in a.only.split(",")]:
+        e = None
+        if name.startswith("nccl"):
+            d = work / name
+            e = {**env, "TORCH_FR_DUMP_TEMP_FILE": f"{d}/fr_", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{d}/pipe_"}
+        try:
+            results["scenarios"][name] = scenario(name, work, src, cap, a.pyspy, 8.0, e)
+        except Exception as ex:  # keep the other scenarios
+            results["scenarios"][name] = {"error": f"{type(ex).__name__}: {ex}"}
+            log(f"{name}: {type(ex).__name__}: {ex}")
+        (work / "results.json").write_text(json.dumps(results, indent=1))
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
