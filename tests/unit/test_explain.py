@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from watchdog.evidence.explain import Cls, ProcessExplanation, Status, classify, cross_rank, poll_parking
+from watchdog.evidence.roles import Role
 from watchdog.evidence.stacks import ProcessStack, parse_any, parse_pyspy_json, parse_text
 
 DUMPS = Path(__file__).resolve().parents[1] / "data" / "dumps"
@@ -20,127 +21,72 @@ def names(e: ProcessExplanation) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ the corpus
 
-# file -> one row per parsed process: (name, role, rank, class, deciding thread, deciding frames, spec_decode).
-# The hand class from INDEX.md is in the trailing comment; where it differs the comment says why.
-C = Cls
-CORPUS: dict[str, list[tuple[str, str | None, dict[str, int], Cls, str, list[str], bool]]] = {
-    "sglang-11208-scheduler-forward-thread-nccl-window-register.txt": [
-        # hand: nccl_collective. MainThread's top is cut from the excerpt, so the forward thread decides.
-        ("scheduler", "scheduler", {}, C.IN_COLLECTIVE, "Thread-2 (forward_thread_func)",
-         ["ncclCommWindowRegister", "register_comm_window_raw", "__exit__", "forward"], False)],
-    "sglang-12076-scheduler-tp6-eagle-verify-penalty.txt": [
-        ("process", None, {}, C.UNKNOWN, "unnamed thread", ["_bootstrap_inner", "_bootstrap"], False),  # TP3's tail
-        # hand: model_forward (EAGLE verify), flagged spec_decode too.
-        ("scheduler_TP6", "scheduler", {"TP": 6}, C.MODEL_FORWARD, "MainThread",
-         ["_apply", "apply", "apply", "apply_logits_bias", "verify", "verify", "forward_batch_generation"], True)],
-    "sglang-17941-scheduler-pp2-tp1-gloo-recv.txt": [
-        ("process", None, {}, C.UNKNOWN, "unnamed thread",
-         ["0x7f259f401d71", "0x7f259f40d2be", "PyThread_acquire_lock_timed", "wait"], False),  # PP1's tail
-        # hand: other:gloo_p2p_recv. Here a gloo recv is a cross-rank wait like any collective: in_collective.
-        ("scheduler_PP2_TP1", "scheduler", {"PP": 2, "TP": 1}, C.IN_COLLECTIVE, "MainThread",
-         ["gloo::transport::tcp::UnboundBuffer::waitRecv", "c10d::ProcessGroupGloo::RecvWork::wait"], False)],
-    "sglang-24588-scheduler-mainthread-quant-op-during-jit-deadlock.txt": [
-        # hand: model_forward (hard negative for compile). forward_target_extend in eagle_worker.py: spec_decode.
-        ("process", None, {}, C.MODEL_FORWARD, "MainThread",
-         ["__call__", "sgl_per_token_group_quant_8bit", "sglang_per_token_group_quant_fp8",
-          "deepgemm_w8a8_block_fp8_linear_with_fallback", "apply", "forward", "_call_impl", "_wrapped_call_impl"],
-         True)],
-    "sglang-31178-scheduler-tp6-threading-shutdown-native.txt": [
-        # hand: other:interpreter_shutdown_join. Our set has no "exiting" class: unknown, and `why` says shutdown.
-        ("scheduler_TP6", "scheduler", {"TP": 6}, C.UNKNOWN, "MainThread",
-         ["0x7f1398316d71", "0x7f1398322fb8", "PyThread_acquire_lock_timed", "_shutdown"], False)],
-    "sglang-4257-tp0-forward-thread-flashinfer-prefill.txt": [
-        # hand: model_forward. MainThread waits on its own forward thread (resolve_batch_result), which decides.
-        ("scheduler_None", "scheduler", {}, C.MODEL_FORWARD, "Thread-3 (forward_thread_func)",
-         ["__call__", "__torch_function__", "__call__", "ragged_run", "run", "forward_return_lse", "forward_extend",
-          "forward"], False)],
-    "sglang-5034-dp0-tp0-flashinfer-jit-filelock.txt": [
-        # hand: jit_compile.
-        ("scheduler_DP0_TP0", "scheduler", {"DP": 0, "TP": 0}, C.COMPILE, "Thread-4 (forward_thread_func)",
-         ["acquire", "__enter__", "load_cuda_ops", "get_cascade_module", "merge_state", "forward_extend"], False)],
-    "sglang-6891-scheduler-dp1-tp3-eagle-draft.txt": [
-        # hand: model_forward (EAGLE draft).
-        ("scheduler_DP1_TP3", "scheduler", {"DP": 1, "TP": 3}, C.MODEL_FORWARD, "MainThread",
-         ["draft", "forward_batch_speculative_generation", "run_batch", "event_loop_normal"], True)],
-    "vllm-15687-ray-worker-ncclCommInitRank-faulthandler.txt": [
-        # hand: other:nccl_comm_init ("closest: nccl_collective"). ncclCommInitRank is a rendezvous of every rank,
-        # so it is in_collective here; `why` adds "during startup".
-        ("RayWorkerWrapper", "worker", {}, C.IN_COLLECTIVE, "unnamed thread",
-         ["ncclCommInitRank", "__init__", "__init__", "__init__"], False)],
-    "vllm-17676-enginecore-flashinfer-sampling-warmup.txt": [
-        # hand: other:startup_warmup_sampler_kernel ("closest: model_forward"): model_forward, `why` says startup.
-        ("EngineCore", "engine_core", {}, C.MODEL_FORWARD, "thread 2403",
-         ["top_k_top_p_sampling_from_logits", "_auto_dump_wrapper", "flashinfer_sample", "sample", "__call__",
-          "sample", "sample_tokens"], False)],
-    "vllm-18466-worker-v1-abort-in-acquire-read-faulthandler.txt": [
-        # hand: shm_reader_poll. Found as main thread although faulthandler names no thread.
-        ("worker", "worker", {}, C.IDLE_READER_WAIT, "thread 0x00007f581410d000",
-         ["acquire_read", "__enter__", "dequeue", "worker_busy_loop"], False)],
-    "vllm-2479-v0-ray-worker-all-gather.txt": [
-        # hand: nccl_collective.
-        ("worker", "worker", {}, C.IN_COLLECTIVE, "MainThread",
-         ["all_gather_into_tensor", "wrapper", "tensor_model_parallel_all_gather", "_get_logits"], False)],
-    "vllm-50835-enginecore-ray-pp-dequeue-recv.txt": [
-        # hand: shm_reader_poll (EngineCore side). Same state; our vocabulary names the EngineCore-side reader
-        # engine_waiting_workers because get_response sits above it.
-        ("EngineCore", "engine_core", {}, C.ENGINE_WAITING_WORKERS, "MainThread",
-         ["poll", "poll", "recv", "dequeue", "get_response", "_wait_for_response"], False)],
-    "vllm-ascend-repo53773705266-worker-ep72-npu-sync-acl-graph-dummy-run.txt": [
-        # hand: cuda_sync (NPU).
-        ("worker", "worker", {}, C.DEVICE_WAIT, "MainThread",
-         ["synchronize", "__call__", "_model_forward", "_dummy_run"], False)],
-    "vllm-lmcache-4759-enginecore-background-threads-idle.txt": [
-        # hand: idle_wait_requests, taken from the poster's prose. DISAGREE: the excerpt holds only the last frame
-        # of MainThread (<module>) and helper threads, which never decide. The dump alone cannot say idle: unknown.
-        ("engine_core", "engine_core", {}, C.UNKNOWN, "unnamed thread", ["<module>"], False)],
-    "vllm-pr41834-worker-tp0-ep0-idle-shm-poll.txt": [
-        # hand: shm_reader_poll (healthy idle).
-        ("Worker_TP0_EP0", "worker", {"TP": 0, "EP": 0}, C.IDLE_READER_WAIT, "MainThread",
-         ["poll", "wait", "acquire_read", "dequeue", "worker_busy_loop"], False)],
-    # hand: cuda_sync. DISAGREE (cannot read): a hand-condensed gdb backtrace is no format we parse; see test below.
-    "vllm-pr41834-worker-tp0-gdb-cuStreamSynchronize-item.txt": [],
-    "vllm-repo54367556517-ray-worker-pynccl-init-ncclAllReduce.txt": [
-        # hand: nccl_collective (warm-up all-reduce at init).
-        ("process", None, {}, C.IN_COLLECTIVE, "MainThread", ["ncclAllReduce", "all_reduce", "__init__", "__init__"],
-         False)],
-    "vllm-repo55180035228-enginecore-response-mq-poll-locals.txt": [
-        # hand: shm_reader_poll (EngineCore). DISAGREE without a role: the author cut every frame above dequeue, so
-        # nothing shows whose queue this is; it reads as a worker's reader. Given role="engine_core" (the caller knows
-        # the process title) it is engine_waiting_workers: see test_trimmed_reader_takes_its_owner_from_the_role.
-        ("process", None, {}, C.IDLE_READER_WAIT, "MainThread", ["poll", "wait", "acquire_read", "dequeue"], False)],
-    "vllm-repo55536668370-enginecore-idle-input-queue.txt": [
-        # hand: idle_wait_requests.
-        ("engine_core", "engine_core", {}, C.ENGINE_IDLE, "MainThread",
-         ["wait", "get", "_process_input_queue", "run_busy_loop"], False)],
-    "vllm-repo68901464014-enginecore-xpu-urEventWait-gdn-metadata.txt": [
-        # hand: cuda_sync (XPU). The header names MTP speculative decoding, but no frame shows it: spec_decode False.
-        ("engine_core", "engine_core", {}, C.DEVICE_WAIT, "MainThread",
-         ["ur::level_zero::urEventWait", "build", "build_attn_metadata", "prepare_attn"], False)],
-    "vllm-v0-musa-repo71281069120-driver-rank0-broadcast-tensor-dict.txt": [
-        # hand: nccl_collective; V0 driver = the engine process (run_engine_loop).
-        ("engine_core", "engine_core", {}, C.IN_COLLECTIVE, "unnamed thread",
-         ["broadcast", "wrapper", "broadcast_tensor_dict", "broadcast_tensor_dict"], False)],
-    "gpu-pyspy-native-wedged.txt": [
-        # no hand class; INDEX-free H200 capture of a host blocked in a device sync behind a spinning kernel.
-        ("process[552]", None, {}, C.DEVICE_WAIT, "MainThread",
-         ["cuCtxSynchronize_v2", "libcudart_static_ff466e58390a44a174cd1b2084ede65f6033356c", "cudaDeviceSynchronize",
-          "runtime_deviceSynchronize", "Device_synchronize", "synchronize", "synchronize", "wait_for_device"], False)],
-    "gpu-pyspy-wedged.txt": [
-        # the same process without --native: the sync is a C call, invisible in Python frames. Unknown, honestly.
-        ("process[552]", None, {}, C.UNKNOWN, "MainThread", ["wait_for_device", "<module>"], False)],
+# The hand labels and the one table mapping a hand class onto Cls are in tests/data/dumps/LABELS.md.
+LABELS = DUMPS / "LABELS.md"
+
+
+def table(section: str) -> list[list[str]]:
+    """The rows of the markdown table under `## section` in LABELS.md (header and rule left out)."""
+    text = LABELS.read_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line.strip().strip("|") for line in text.splitlines() if line.startswith("|")]
+    rows = [[c.strip() for c in line.split("|")] for line in lines]
+    return rows[2:]
+
+
+HAND_TO_CLS = {hand: Cls(cls) for hand, cls, _ in table("Hand class to classifier class")}
+HAND = {row[0]: row[1] for row in table("Files")}
+
+# Documented disagreements: file -> (what the classifier says, None for "no process read", and why the hand label
+# cannot be reached from the dump alone). Each must still disagree; a fixed one leaves the list.
+EXCEPTIONS: dict[str, tuple[Cls | None, str]] = {
+    "vllm-lmcache-4759-enginecore-background-threads-idle.txt": (
+        Cls.UNKNOWN, "the excerpt holds only the <module> frame of MainThread plus helper threads; 'idle' is the "
+                     "poster's prose"),
+    "vllm-repo55180035228-enginecore-response-mq-poll-locals.txt": (
+        Cls.IDLE_READER_WAIT, "every frame above dequeue is cut and no title says EngineCore: nothing shows whose "
+                              "queue it is (given the role it is engine_waiting_workers, tested below)"),
+    "vllm-35104-fragment-traceback-spin-condition-timeout.txt": (
+        Cls.IDLE_READER_WAIT, "a three-frame fragment without its owner frame; only the comment around it says "
+                              "EngineCore"),
+    "gpu-pyspy-wedged.txt": (
+        Cls.UNKNOWN, "without --native the device sync is a C call: no Python frame shows it (the --native dump "
+                     "of the same process is device_wait)"),
+    "vllm-pr41834-worker-tp0-gdb-cuStreamSynchronize-item.txt": (
+        None, "a hand-condensed gdb backtrace ('a → b → c') is no format we read: explain says so"),
 }
+EXPECTED_EXCEPTIONS = 5  # raise only with a new entry above and its reason
 
 
-def test_every_corpus_file_is_covered() -> None:
-    assert sorted(CORPUS) == sorted(p.name for p in DUMPS.glob("*.txt"))
+def labelled(name: str) -> ProcessExplanation | None:
+    """The process a file's hand label is about: the last one (earlier ones are tails of other ranks' dumps)."""
+    stacks = parse_any((DUMPS / name).read_bytes())
+    return classify(stacks[-1]) if stacks else None
 
 
-@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_every_corpus_file_has_a_hand_label_that_maps() -> None:
+    assert sorted(HAND) == sorted(p.name for p in DUMPS.iterdir() if p.suffix in (".txt", ".json"))
+    assert set(HAND.values()) <= set(HAND_TO_CLS), set(HAND.values()) - set(HAND_TO_CLS)
+    assert len(HAND) >= 45
+
+
+def test_exceptions_do_not_grow_silently() -> None:
+    assert len(EXCEPTIONS) == EXPECTED_EXCEPTIONS
+    assert set(EXCEPTIONS) <= set(HAND)
+    assert len(EXCEPTIONS) * 8 <= len(HAND)  # at most one file in eight may disagree
+
+
+@pytest.mark.parametrize("name", sorted(HAND))
 def test_corpus_classification(name: str) -> None:
-    got = [classify(ps) for ps in parse_any((DUMPS / name).read_bytes())]
-    assert [(e.name, e.role, e.rank, e.cls, e.thread, names(e), e.spec_decode) for e in got] == CORPUS[name]
-    for e in got:
-        assert e.why.endswith(".") and e.name in e.why
+    expected = HAND_TO_CLS[HAND[name]]
+    e = labelled(name)
+    got = e.cls if e is not None else None
+    if name in EXCEPTIONS:
+        assert got == EXCEPTIONS[name][0] and got != expected, f"{name}: exception no longer holds: {got}"
+    else:
+        assert got == expected, f"{name}: hand {HAND[name]} -> {expected}, classifier {got}: {e and e.why}"
+    for ps in parse_any((DUMPS / name).read_bytes()):
+        why = classify(ps).why
+        assert why.endswith(".") and classify(ps).name in why
 
 
 def test_why_sentences_say_what_matters() -> None:
@@ -157,7 +103,7 @@ def test_why_sentences_say_what_matters() -> None:
 
 def test_trimmed_reader_takes_its_owner_from_the_role() -> None:
     (ps,) = parse_any((DUMPS / "vllm-repo55180035228-enginecore-response-mq-poll-locals.txt").read_bytes())
-    e = classify(ps, role="engine_core")
+    e = classify(ps, role=Role.ENGINE_CORE)
     assert (e.cls, e.role) == (Cls.ENGINE_WAITING_WORKERS, "engine_core")
 
 

@@ -1,51 +1,36 @@
 """What each process of a frozen engine is doing, and who the others wait for. Pure: stacks in, verdicts out.
 
-Frames match on function name (class qualifier dropped: py-spy 0.4 on Python 3.11+ prints ``SpinCondition.wait``,
-older dumps ``wait``) plus a file suffix or path fragment, never on line numbers. A thread is read innermost
-first: the first meaningful frame decides, and reader waits look outward for their owner (``worker_busy_loop``:
-an idle worker; ``get_response``: EngineCore waiting for replies).
+Which frame decides, and what it says, is ``frame_rules``; this module picks the deciding thread of a process (the
+main thread, or the thread it waits for), says why in a sentence, and reads the processes together.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
+from watchdog.evidence.classes import Cls, Status
+from watchdog.evidence.frame_rules import (
+    _COLL_NATIVE,
+    _DEVICE_NATIVE,
+    _DRIVER_MODULES,
+    _SPEC,
+    _STARTUP,
+    _base,
+    _chain,
+    _decide,
+    _frame_role,
+    _helper,
+    _main,
+    _noise,
+    _spec_key,
+)
+from watchdog.evidence.frames import Frame, ProcessStack, ThreadStack
 from watchdog.evidence.roles import Role, ranks_of, role_of_name, title_in
-from watchdog.evidence.stacks import Frame, ProcessStack, ThreadStack
 
-
-class Cls(StrEnum):
-    IDLE_READER_WAIT = "idle_reader_wait"
-    """Worker in worker_busy_loop waiting for the next broadcast: shm_broadcast acquire_read/dequeue with
-    SpinCondition.wait/poll or the old spin/sched_yield, or the remote MessageQueue.recv ZMQ reader."""
-    ENGINE_IDLE = "engine_idle"
-    """EngineCore waiting for requests: _process_input_queue in queue.get (V0: run_engine_loop in poll)."""
-    ENGINE_WAITING_WORKERS = "engine_waiting_workers"
-    """EngineCore in a step waiting for replies: collective_rpc/get_response/FutureWrapper.result, or Ray DAG."""
-    WRITER_BLOCKED_FULL_RING = "writer_blocked_full_ring"
-    """Writer stuck in shm_broadcast acquire_write/enqueue: every slot holds a block some reader has not read."""
-    IN_COLLECTIVE = "in_collective"
-    """Collective or rendezvous: NCCL/pynccl, custom/quick/CPU-shm all-reduce, gloo, c10d, ncclCommInitRank, EP."""
-    DEVICE_WAIT = "device_wait"
-    """Host waiting on the device: cu*/cuda*/acl* synchronize, .item()/.cpu() readbacks, urEventWait, NPU sync."""
-    MODEL_FORWARD = "model_forward"
-    """In the model (forward, execute_model, sampling, draft/verify) with no collective or device wait on top."""
-    COMPILE = "compile"
-    """JIT/graph compile: dynamo/inductor, triton, cpp_extension, flashinfer/deep_gemm JIT, LLVM, their file locks."""
-    STOPPED = "stopped"
-    """Process state T (SIGSTOP, a debugger) as reported by the caller: it runs no code at all."""
-    UNKNOWN = "unknown"
-    """Nothing recognised (also: interpreter shutdown, a main thread missing from an excerpt)."""
-
-
-class Status(StrEnum):
-    SUPPORTED = "SUPPORTED"
-    CONTRADICTED = "CONTRADICTED"
-    INCONCLUSIVE = "INCONCLUSIVE"
-    NOT_APPLICABLE = "NOT_APPLICABLE"
+# The native-frame patterns live with the frame rules; their names stay importable from here.
+__all__ = ["_COLL_NATIVE", "_DEVICE_NATIVE", "Cls", "CrossRankVerdict", "HypothesisVerdict", "ProcessExplanation",
+           "Status", "classify", "cross_rank", "poll_parking"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +45,7 @@ class ProcessExplanation:
     spec_decode: bool
     why: str
     spec_frames: tuple[Frame, ...] = ()
+    crashed: str = ""  # faulthandler's "Current thread" when it is not the deciding one: what it was doing
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,147 +68,7 @@ _BUSY = (Cls.IN_COLLECTIVE, Cls.MODEL_FORWARD, Cls.DEVICE_WAIT, Cls.COMPILE)
 _IDLE = (Cls.IDLE_READER_WAIT, Cls.ENGINE_IDLE)
 _SEVERITY = [Cls.UNKNOWN, *_IDLE, Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING, Cls.MODEL_FORWARD,
              Cls.COMPILE, Cls.DEVICE_WAIT, Cls.IN_COLLECTIVE]  # which helper-thread class wins when main says nothing
-_DEVICE_NATIVE = re.compile(r"(?:cu|cuda|hip|musa|ze|acl|aclrt)[A-Za-z]*Synchroni[sz]e|EventWait|_local_scalar_dense"
-                            r"|cuMemcpyDtoH|cudaMemcpy(?!Async)|urQueueFinish")
-_COLL_NATIVE = re.compile(r"^nccl|^rccl|^hccl|^mccl|gloo::|ProcessGroup(?:Gloo|NCCL|HCCL)|c10d::|shm_?all_?reduce")
-_COMPILE_NATIVE = re.compile(r"llvm::|mlir::|triton::|nvrtc|ptxas|nvJitLink")
-_COLL_FILES = ("distributed/", "device_communicators/", "communication_op", "parallel_state", "deep_ep/")
-_COLL_FUNC = re.compile(r"all_?reduce|all_?gather|reduce_scatter|broadcast|barrier|all_to_all|dispatch|combine"
-                        r"|^i?send|^i?recv|^gather|^scatter|^nccl")
-_COLL_ANY = ("pynccl", "custom_all_reduce", "quick_all_reduce", "cpu_communicator.py", "symm_mem", "all2all")
-_COMPILE_PARTS = ("torch/_dynamo/convert_frame", "torch/_dynamo/symbolic_convert", "torch/_dynamo/output_graph",
-                  "torch/_functorch/aot_autograd", "torch/_inductor/", "triton/compiler/", "triton/backends/",
-                  "triton/runtime/build", "triton/runtime/autotuner", "torch/utils/cpp_extension", "file_baton",
-                  "/jit/", "tilelang/engine")
-_COMPILE_NOT = ("_inductor/runtime/", "output_code.py", "subproc_pool.py", "cudagraph_trees", "_inductor/utils.py")
-_MODEL_FUNCS = {"forward", "execute_model", "_model_forward", "_dummy_run", "execute_dummy_batch", "sample_tokens",
-                "profile_run", "capture_model", "run_batch"}
-_REPLY_FUNCS = {"get_response", "_wait_for_response", "collective_rpc"}
-_REMOTE_EXECUTORS = ("multiproc_executor.py", "ray_executor.py", "ray_distributed_executor.py")
-_SPEC = re.compile(r"spec_decode|speculative|eagle|medusa|ngram_proposer|ngram_worker|draft|_mtp|mtp_")
-_STARTUP = {"init_device", "init_worker_distributed_environment", "compile_or_warm_up_model", "load_model",
-            "_initialize_kv_caches", "profile_run", "capture_model", "warmup_kernels", "determine_available_memory"}
-_WAIT_FILES = ("zmq/", "threading.py", "queue.py", "selectors.py", "contextlib.py")
-# Background threads never decide (matched on thread names and on function names).
-_HELPER = re.compile(r"DeathPipeMonitor|MultiprocWorkerMonitor|process_input_sockets|process_output_sockets"
-                     r"|tqdm_monitor|WorkerAsyncOutputCopy|signal-callback|watchdog_thread|_read_thread|mq-client"
-                     r"|InductorSubproc|monitor_workers|death_pipe_monitor|monitor_parent_death|async_output_busy_loop"
-                     r"|pyspy_dump\w*")
-_ROLE_FUNCS = (  # (role, a fragment the file path must hold, functions)
-    (Role.WORKER, "", {"worker_busy_loop", "worker_main", "do_exec_tasks", "execute_method"}),
-    (Role.ENGINE_CORE, "engine", {"run_busy_loop", "run_engine_core", "_process_engine_step", "_process_input_queue",
-                                  "step", "step_with_batch_queue", "process_input_sockets", "process_output_sockets",
-                                  "run_engine_loop", "engine_step"}),
-    (Role.ENGINE_CORE, "executor", _REPLY_FUNCS),
-    (Role.SCHEDULER, "scheduler", {"event_loop_normal", "event_loop_overlap", "run_scheduler_process"}),
-)
-def _base(f: Frame) -> str:
-    name = f.function.rsplit("::", 1)[-1] if f.native else f.function
-    return name.rsplit(".", 1)[-1]
-
-
-def _spec_key(f: Frame) -> str:  # the last directory, file name and function: "spec_decode/eagle.py propose"
-    return f"{'/'.join(f.file.split('/')[-2:])} {f.function}".lower()
-
-
-def _noise(f: Frame) -> bool:  # raw addresses and libc/pthread plumbing in native dumps
-    return f.native and (f.function.startswith("0x") or "libc." in f.file or "pthread" in f.file)
-
-
-def _frame_role(f: Frame) -> Role | None:
-    base = _base(f)
-    if f.native or (base in _REPLY_FUNCS and not f.file.endswith(_REMOTE_EXECUTORS)):
-        return None  # the in-process (uniproc) collective_rpc is no reply wait
-    return next((role for role, part, funcs in _ROLE_FUNCS if base in funcs and part in f.file), None)
-
-
-def _kind(f: Frame) -> Cls | str | None:
-    """What one frame says on its own: a class, "reader", "input", "defer", "exit", or None (look further out)."""
-    base, path = _base(f), f.file
-    if f.native:
-        if _DEVICE_NATIVE.search(base):
-            return Cls.DEVICE_WAIT
-        if _COLL_NATIVE.search(f.function):
-            return Cls.IN_COLLECTIVE
-        return Cls.COMPILE if _COMPILE_NATIVE.search(f"{f.function} {f.file}") else None
-    if path.endswith("shm_broadcast.py") or "ray/experimental/channel/" in path:
-        return Cls.WRITER_BLOCKED_FULL_RING if base in {"acquire_write", "enqueue"} else "reader"
-    if (base in _REPLY_FUNCS and _frame_role(f)) or "compiled_dag_ref" in path or (
-        base == "result" and path.endswith("multiproc_executor.py")
-    ):
-        return Cls.ENGINE_WAITING_WORKERS
-    if any(p in path for p in _COLL_ANY) or (any(p in path for p in _COLL_FILES) and _COLL_FUNC.search(base)):
-        return Cls.IN_COLLECTIVE
-    if base == "synchronize" and any(p in path for p in ("torch/cuda/", "torch_npu/", "torch/xpu/", "cupy")):
-        return Cls.DEVICE_WAIT
-    vllm_compile = "vllm/compilation/" in path and "compile" in base  # not its runtime __call__ wrappers
-    if vllm_compile or (any(p in path for p in _COMPILE_PARTS) and not any(p in path for p in _COMPILE_NOT)):
-        return Cls.COMPILE
-    if base in {"_process_input_queue", "run_engine_loop"}:
-        return "input"
-    if base == "resolve_batch_result":
-        return "defer"  # sglang overlap scheduler: the main thread waits for its own forward thread
-    if base == "_shutdown" and path.endswith("threading.py"):
-        return "exit"
-    spec = base in {"draft", "verify", "propose"} and _SPEC.search(path.lower())
-    sampler = base == "sample" and ("sampler" in path or "model_runner" in path)
-    executor = path.endswith(("_executor.py", "executor/abstract.py"))
-    if not executor and (base in _MODEL_FUNCS or base.startswith("forward_") or spec or sampler):
-        return Cls.MODEL_FORWARD
-    return None
-
-
-_Decision = tuple[Cls | None, int, int | None, str]  # class (None: defer to another thread), at, context, note
-
-
-def _decide(frames: tuple[Frame, ...], role: Role | None) -> _Decision | None:
-    for i, f in enumerate(frames):
-        kind = _kind(f)
-        if kind == "reader":
-            ctx = next((j for j in range(i + 1, len(frames)) if _frame_role(frames[j])), None)
-            owner = _frame_role(frames[ctx]) if ctx is not None else role
-            cut = "" if ctx is not None else " (caller frames cut: owner taken from the role)"
-            if owner == Role.ENGINE_CORE:
-                return Cls.ENGINE_WAITING_WORKERS, i, ctx, cut
-            return Cls.IDLE_READER_WAIT, i, ctx, cut if owner else " (caller frames cut: taken as a worker's reader)"
-        if kind == "input":
-            if all(g.native or any(p in g.file for p in _WAIT_FILES) for g in frames[:i]):  # only waits inside
-                return Cls.ENGINE_IDLE, i, None, ""
-        elif kind == "defer":
-            return None, i, None, "waits for its own forward thread"
-        elif kind == "exit":
-            return Cls.UNKNOWN, i, None, "the interpreter is shutting down (threading._shutdown)"
-        elif kind is not None:
-            return Cls(kind), i, None, ""
-    return None
-
-
-def _chain(frames: tuple[Frame, ...], at: int, ctx: int | None, whole: bool = False) -> tuple[Frame, ...]:
-    """The matched frame, up to 3 inner frames (all of them for the model: the op is the news) and its callers."""
-    start = 0 if whole else max(0, at - 3)
-    while start < at and _noise(frames[start]):
-        start += 1
-    end = max(at + 4, ctx + 1 if ctx is not None and ctx - start < 8 else 0)
-    python = next((j for j in range(at, len(frames)) if not frames[j].native), None)
-    if python is not None and python < at + 10:
-        end = max(end, python + 1)  # native dumps: reach the first Python frame
-    return frames[start : min(end, start + 8, len(frames))]
-
-
-
-
-def _helper(t: ThreadStack) -> bool:
-    named = t.name != "MainThread" and _HELPER.search(t.name)
-    return t.name != "MainThread" and bool(named or any(
-        _HELPER.fullmatch(_base(f)) or "tqdm/_monitor" in f.file or "lmcache/" in f.file for f in t.frames))
-
-
-def _main(ps: ProcessStack) -> ThreadStack | None:
-    named = [t for t in ps.threads if t.name == "MainThread"]
-    named += [t for t in ps.threads if ps.pid is not None and t.thread_id == str(ps.pid)]
-    # Unnamed dumps (faulthandler, excerpts): the main thread is the one threading did not start.
-    named += [t for t in ps.threads if t.frames and not _helper(t) and "_bootstrap_inner" not in map(_base, t.frames)]
-    return named[0] if named else None
+_KERNEL_ONLY = " Kernel stack only: no Python frame, so what the Python code was doing cannot be read."
 
 
 def _label(t: ThreadStack | None) -> str:
@@ -246,6 +92,21 @@ _WHY = {
 }
 
 
+def _crashed(ps: ProcessStack, decided: ThreadStack | None, role: Role | None) -> str:
+    """What faulthandler's "Current thread" (the thread that crashed or took the signal) was doing, when another
+    thread decided the class."""
+    cur = next((t for t in ps.threads if t.current), None)
+    if cur is None or not cur.frames or cur is _main(ps):
+        return ""
+    if cur is decided:
+        return f"The crashing thread ({_label(cur)}, faulthandler's current thread) is that thread."
+    d = _decide(cur.frames, role)
+    cls = d[0] if d is not None else None
+    frames = _chain(cur.frames, d[1], d[2]) if d is not None and cls is not None else cur.frames[:3]
+    doing = f"{_WHY[cls].removeprefix('is ')}" if cls in _WHY and cls is not None else "in no recognised frame"
+    return f"The crashing thread ({_label(cur)}, faulthandler's current thread) was {doing}: {_where(frames)}."
+
+
 def classify(ps: ProcessStack, role: Role | None = None, proc_state: str | None = None) -> ProcessExplanation:
     """Explain one process from its stacks; `role` overrides the guess, `proc_state` is /proc's state letter."""
     token = title_in(ps.title)
@@ -260,8 +121,13 @@ def classify(ps: ProcessStack, role: Role | None = None, proc_state: str | None 
 
     def done(cls: Cls, t: ThreadStack | None, frames: tuple[Frame, ...], why: str) -> ProcessExplanation:
         why += f" Speculative-decoding frames present: {_where(spec)}." if spec else ""
+        if ps.source == "kernel":
+            driver = next((f.file for th in ps.threads for f in th.frames if _DRIVER_MODULES.match(f.file)), None)
+            why += _KERNEL_ONLY + (f" It is inside the {driver} driver." if driver else "")
+        crashed = _crashed(ps, t, role)
+        why += f" {crashed}" if crashed else ""
         rank = ranks_of(token)
-        return ProcessExplanation(name, ps.pid, role, rank, cls, _label(t), frames, bool(spec), why, spec[:6])
+        return ProcessExplanation(name, ps.pid, role, rank, cls, _label(t), frames, bool(spec), why, spec[:6], crashed)
 
     first = main or next((t for t in ordered if t.frames), None)
     top = _chain(first.frames, 0, None) if first and first.frames else ()
