@@ -3,9 +3,12 @@ ping: at half of WATCHDOG_USEC, only for WATCHDOG_PID, only when the loop asks."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -164,9 +167,11 @@ def test_notify_socket_forms() -> None:
 def test_a_socket_that_went_away_is_logged_once_and_never_raises(tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "gone.sock"
-    n = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"})
+    clock = Clock()
+    n = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}, clock)
     n.ready("up")
     n.status("still up")
+    assert not n.ping_if_due()  # the failed ping counts: no retry storm from a loop that asks often
     n.stopping()
     assert n.sent == 0
     assert [r.getMessage() for r in caplog.records].count(f"sd_notify to {path} failed: "
@@ -175,7 +180,10 @@ def test_a_socket_that_went_away_is_logged_once_and_never_raises(tmp_path: Path,
     sock.bind(str(path))
     try:
         n.status("back")
-        assert sock.recv(4096).decode() == "STATUS=back\nWATCHDOG=1"  # never pinged yet: due
+        assert sock.recv(4096).decode() == "STATUS=back"
+        clock.now += 0.5
+        n.status("back")
+        assert sock.recv(4096).decode() == "WATCHDOG=1"
     finally:
         sock.close()
         n.close()
@@ -224,3 +232,111 @@ def test_context_commands_run_without_notify_variables(under_systemd: Path, monk
 def test_restart_commands_run_without_notify_variables(under_systemd: Path) -> None:
     result = LocalRunner()([str(under_systemd / "print-env")], 30)
     assert result.ok and json.loads(result.output) == CLEAN, result
+
+
+# ----------------------------------------------------------------------------- the daemon's loop and the ping
+
+QUIET = """
+[probe]
+enabled = false
+[capture]
+enabled = false
+[exporter]
+port = 0
+"""
+
+
+def start_daemon(tmp_path: Path, notify: str, url: str, config: str,
+                 procs: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    (tmp_path / "wd.toml").write_text(config + QUIET)
+    p = subprocess.Popen([sys.executable, "-m", "watchdog", "run", "--url", url, "--state-dir", str(tmp_path / "state"),
+                          "--config", str(tmp_path / "wd.toml")],
+                         env=dict(os.environ, NOTIFY_SOCKET=notify, WATCHDOG_USEC="1000000"),  # a ping every 0.5 s
+                         text=True, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    procs.append(p)
+    return p
+
+
+def stop_daemon(p: subprocess.Popen[str]) -> str:
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    return err
+
+
+def closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_the_loop_wakes_up_to_ping_between_long_passes(tmp_path: Path,
+                                                       daemon_proc: list[subprocess.Popen[str]]) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify.sock"))
+    sock.settimeout(20)
+    try:
+        p = start_daemon(tmp_path, str(tmp_path / "notify.sock"), closed_port(), "[scrape]\ninterval = 60.0\n",
+                         daemon_proc)
+        assert sock.recv(4096).decode().startswith("READY=1\n")
+        pings = [sock.recv(4096).decode() for _ in range(4)]
+        assert pings == ["WATCHDOG=1"] * 4
+        stop_daemon(p)
+    finally:
+        sock.close()
+    trace = [json.loads(line) for line in (tmp_path / "state" / "trace.jsonl").read_text().splitlines()]
+    assert sum(1 for r in trace if r.get("kind") == "scrape") == 1  # one pass, five pings
+
+
+class HeldServer:
+    """Answers the first request at once (an empty 200), then holds the next connection open until released."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.holding, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n"
+                             b"Connection: close\r\n\r\n")
+            held, _ = self.sock.accept()
+            with held:
+                self.holding.set()
+                self.release.wait(60)
+
+    def close(self) -> None:
+        self.release.set()
+        self.sock.close()
+        self.thread.join(10)
+
+
+def test_no_ping_while_the_loop_is_stuck_in_a_pass(tmp_path: Path, daemon_proc: list[subprocess.Popen[str]]) -> None:
+    """The ping comes from the loop, never from a thread beside it: a pass that hangs stops the pings."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + f"engine-watchdog-test-{os.getpid()}-stuck")
+    sock.settimeout(20)
+    server = HeldServer()
+    try:
+        p = start_daemon(tmp_path, f"@engine-watchdog-test-{os.getpid()}-stuck", server.url,
+                         "[scrape]\ninterval = 1.0\nread_timeout = 60.0\ndeadline = 60.0\n", daemon_proc)
+        assert sock.recv(4096).decode().startswith("READY=1\n")
+        assert server.holding.wait(20), "the second pass never scraped"
+        received(sock)  # pings sent before the second pass began
+        sock.settimeout(3.0)  # six ping intervals
+        with pytest.raises(TimeoutError):
+            print("sent while stuck:", sock.recv(4096))
+        server.close()  # the scrape fails, the pass ends, the loop pings again (later scrapes: refused)
+        sock.settimeout(20)
+        assert "WATCHDOG=1" in sock.recv(4096).decode()
+        stop_daemon(p)
+    finally:
+        server.close()
+        sock.close()

@@ -252,10 +252,14 @@ class Daemon:
             self._wake_r = self._wake_w = -1
 
     def _sleep(self, seconds: float) -> None:
-        if seconds <= 0 or self._stop_signal is not None:
-            return
-        readable, _, _ = select.select([self._wake_r], [], [], seconds)
-        if readable:
-            with contextlib.suppress(BlockingIOError):
-                os.read(self._wake_r, 512)
+        """Until the next pass or a stop signal; wakes up on the way for systemd's watchdog ping when it is due
+        (from this thread: a loop that wedges stops pinging)."""
+        deadline = time.monotonic() + seconds
+        while self._stop_signal is None and (left := deadline - time.monotonic()) > 0:
+            due = self.notifier.ping_due_in()
+            readable, _, _ = select.select([self._wake_r], [], [], left if due is None else min(left, due))
+            if readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 512)
+            self.notifier.ping_if_due()
 

@@ -115,11 +115,8 @@ class Notifier:
         ping = due is not None and (always or due <= 0)
         if ping:
             fields = [*fields, "WATCHDOG=1"]
-        if not self.send(*fields):
-            return False
-        if ping:
-            self._last_ping = self._clock()
-        return True
+            self._last_ping = self._clock()  # sent or not: a failed ping is tried again when the next is due
+        return self.send(*fields)
 
 
 def setup_logging(level: str = "INFO") -> None:
