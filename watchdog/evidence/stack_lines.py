@@ -19,7 +19,7 @@ CHAINED = re.compile(r"^\s*(?:The above exception was the direct cause of the fo
                      r"|During handling of the above exception, another exception occurred):\s*$")
 _TB_FRAME = re.compile(r'^(?P<ind>\s*)File "(?P<file>[^"]*)", line (?P<line>\d+|\?+), in (?P<func>\S.*?)\s*$')
 # "#0 all_reduce from /x/distributed_c10d.py:3068" (Flight Recorder), "#1 torch::unwind::unwind() from ??:0"
-_FR_FRAME = re.compile(r"^\s*#(?P<n>\d+)\s+(?P<func>\S.*?) from (?P<file>\S+?)(?::(?P<line>\d+))?\s*$")
+_FR_FRAME = re.compile(r"^\s*#(?P<n>\d+)\s+(?P<func>\S.*?) from (?P<file>\S.*?)(?::(?P<line>\d+))?\s*$")
 # gdb: "#14 0x000014cd in cudaMemcpyAsync () from /lib/libcudart.so", "#0  syscall () at ../syscall.S:38"
 _GDB_FRAME = re.compile(r"^\s*#(?P<n>\d+)\s+(?:0x[0-9a-fA-F]+ in )?(?P<func>\S.*?) \((?P<args>[^()]*)\)"
                         r"(?: (?:from|at) (?P<file>\S+?)(?::(?P<line>\d+))?)?\s*$")
@@ -64,7 +64,7 @@ def traceback_frame(line: str) -> tuple[Frame, int] | None:
 
 def numbered_frame(line: str) -> tuple[int, Frame] | None:
     """(frame number, frame) for a Flight Recorder or gdb frame line; None for anything else."""
-    m = _FR_FRAME.match(line) or _GDB_FRAME.match(line)
+    m = _GDB_FRAME.match(line) or _FR_FRAME.match(line)  # gdb first: its frames also say "from lib"
     if m is None:
         return None
     path = m.group("file") or ""
