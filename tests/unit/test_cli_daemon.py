@@ -21,6 +21,8 @@ from tests.fakes import FAST, EngineModel, fake_engine, wait_for
 from tests.receiver import Receiver
 from watchdog.act.alerts import Alert, WebhookSink
 from watchdog.cli import clashing_distribution
+from watchdog.evidence.context import engine_versions
+from watchdog.scrape.engine_http import EngineHTTP
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -238,9 +240,12 @@ def test_version_comes_from_pyproject_through_the_package_metadata(receiver: Cal
     assert watchdog.__version__ == version
     r = run_cli("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"engine-watchdog {version}"
-    # bundles: context.engine_versions starts from it
-    from watchdog.evidence import context
-    assert context.__version__ == version
+    # bundles: the manifest's versions come from context.engine_versions (here no engine answers /version)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = EngineHTTP(f"http://127.0.0.1:{s.getsockname()[1]}")
+    assert engine_versions([], nobody, None) == {"watchdog": version}
+    nobody.close()
     # alerts: every sink's requests say which watchdog sent them
     hook = receiver()
     WebhookSink(hook.url).send(Alert("stall_detected", "inc-1", "0", "vllm", "http://127.0.0.1:8000", "frozen", "x"))
