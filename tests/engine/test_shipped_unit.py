@@ -109,6 +109,14 @@ def test_the_shipped_unit_runs_pings_restarts_and_stops(sd: ThrowawaySystemd) ->
                      "ProtectHome": "read-only", "PrivateTmp": "yes", "NoNewPrivileges": "yes",
                      "AmbientCapabilities": "cap_sys_ptrace", "StateDirectory": "engine-watchdog",
                      "WatchdogUSec": f"{WATCHDOG_SEC}s"}, shown
+    # ... and the kernel's view of the process agrees: the hardening holds inside the namespace
+    status = dict(line.split(":\t", 1) for line in sd.read_file(f"/proc/{first}/status").splitlines() if ":\t" in line)
+    assert int(status["CapAmb"], 16) == 1 << 19 and status["NoNewPrivs"] == "1", status  # 19: CAP_SYS_PTRACE
+    mounts = {f[4]: f[5].split(",")[0] for line in sd.read_file(f"/proc/{first}/mountinfo").splitlines()
+              if (f := line.split())}
+    assert mounts["/"] == "ro" and mounts[STATE] == "rw" and mounts["/tmp"] == "rw", mounts
+    environ = dict(v.split("=", 1) for v in sd.read_file(f"/proc/{first}/environ").split("\0") if "=" in v)
+    assert environ["WATCHDOG_PID"] == str(first) and environ["WATCHDOG_USEC"] == f"{WATCHDOG_SEC}000000", environ
     wait_for("a down transition in the StateDirectory's events.jsonl", 30,
              lambda: '"to": "down"' in sd.run(["cat", f"{STATE}/events.jsonl"]).stdout)
     assert "engine server: down" in sd.show(UNIT, "StatusText")
