@@ -175,11 +175,36 @@ def nccl(d: Path, seconds: float, bypass: bool) -> None:
     dist.destroy_process_group()
 
 
+def nccl2(d: Path, seconds: float, rank: int) -> None:
+    """Two ranks, one GPU each: rank 1 stops issuing collectives, rank 0 enters the next all-reduce and waits in
+    NCCL's own kernel (a real collective hang). Released when DIR/release appears: rank 1 then joins."""
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=2, device_id=torch.device("cuda", rank))
+    x = torch.ones(1 << 20, device="cuda")
+    for _ in range(5):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    if rank == 0:
+        dist.all_reduce(x)  # rank 1 never comes (until released)
+        (d / "stalled").write_text("1")
+        ready(d / "r0")
+        torch.cuda.synchronize()
+    else:
+        ready(d / "r1")
+        wait_release(d, seconds)
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario")
     ap.add_argument("--dir", required=True, type=Path)
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--rank", type=int, default=0)
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
     s = a.scenario
@@ -195,6 +220,9 @@ def main() -> None:
         spin(a.dir, a.seconds, 132 * 4, 256)
     elif s in ("nccl", "nccl_bypass"):
         nccl(a.dir, a.seconds, s == "nccl_bypass")
+    elif s == "nccl2":
+        (a.dir / f"r{a.rank}").mkdir(exist_ok=True)
+        nccl2(a.dir, a.seconds, a.rank)
     else:
         raise SystemExit(f"unknown scenario {s}")
 

@@ -149,6 +149,64 @@ def nccl_phase(d: Path, proc: subprocess.Popen[bytes], src: NvmlSource, cap: Cap
     return res
 
 
+def two_ranks(work: Path, src: NvmlSource, cap: Capturer, pyspy: str) -> dict[str, Any]:
+    """nccl2: rank 1 holds back, rank 0 hangs in a real all-reduce. RAS, Flight Recorder, NVML and stacks of both;
+    then rank 1 is stopped (SIGSTOP) and RAS asked again, 10 s and 30 s later."""
+    d = work / "nccl2"
+    d.mkdir(parents=True)
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533",
+           "TORCH_FR_DUMP_TEMP_FILE": f"{d}/fr_", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{d}/pipe_"}
+    procs = []
+    for rank in (0, 1):
+        with open(d / f"program-rank{rank}.log", "wb") as out:
+            procs.append(subprocess.Popen([sys.executable, str(PROG), "nccl2", "--dir", str(d), "--seconds", "90",
+                                           "--rank", str(rank)], stdout=out, stderr=subprocess.STDOUT,
+                                          start_new_session=True, env=env))
+    res: dict[str, Any] = {"pids": [p.pid for p in procs], "t_start": time.time()}
+    try:
+        if not (wait_file(d / "r0" / "ready", 180, procs[0]) and wait_file(d / "r1" / "ready", 60, procs[1])):
+            res["error"] = "never stalled"
+            return res
+        time.sleep(2.0)
+        res["samples"] = sample(src, 8.0)
+        for rank, p in enumerate(procs):
+            (d / f"rank{rank}").mkdir()
+            res[f"dumps_rank{rank}"] = dumps(cap, pyspy, p.pid, d / f"rank{rank}")
+        for tag, wait in (("stalled", 0.0),):
+            time.sleep(wait)
+            ras = query_ras(timeout=10)
+            (d / f"ras-{tag}.txt").write_text(ras.text)
+            res[f"ras_{tag}"] = {"ok": ras.ok, "error": ras.error, "seconds": ras.seconds}
+        t = trigger([p.pid for p in procs], {procs[0].pid: 0, procs[1].pid: 1}, settle=15.0)
+        res["fr"] = {"seconds": t.seconds, "problems": list(t.problems),
+                     "ranks": [{"rank": r.rank, "bytes": len(r.data), "error": r.error, "seconds": r.seconds}
+                               for r in t.ranks]}
+        for r in t.ranks:
+            if r.data:
+                (d / f"fr-stalled-rank{r.rank}.pickle").write_bytes(r.data)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            for tag, at in (("rank1-stopped-10s", 10.0), ("rank1-stopped-30s", 30.0)):
+                time.sleep(max(0.0, at - (time.monotonic() - t0)))
+                ras = query_ras(timeout=10)
+                (d / f"ras-{tag}.txt").write_text(ras.text)
+                res[f"ras_{tag}"] = {"ok": ras.ok, "error": ras.error, "seconds": ras.seconds}
+        finally:
+            os.kill(procs[1].pid, signal.SIGCONT)
+    finally:
+        (d / "release").write_text("1")
+        res["exit"] = []
+        for p in procs:
+            try:
+                res["exit"].append(p.wait(60))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                res["exit"].append(f"killed: {p.wait()}")
+        log(f"nccl2: exit {res['exit']}")
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
@@ -166,7 +224,10 @@ def main() -> None:
     names = ["idle", "matmul", "gemv", "spin", "spin_wide", "nccl", "nccl_bypass"]
     env = {"TORCH_FR_BUFFER_SIZE": "2000", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531",
            "NCCL_RAS_ENABLE": "1"}
-    for name in [n for n in names if not a.only or n in a.only.split(",")]:
+    if "nccl2" in a.only.split(","):
+        results["scenarios"]["nccl2"] = two_ranks(work, src, cap, a.pyspy)
+        (work / "results.json").write_text(json.dumps(results, indent=1))
+    for name in [n for n in names if a.only != "nccl2" and (not a.only or n in a.only.split(","))]:
         e = None
         if name.startswith("nccl"):
             d = work / name
