@@ -15,8 +15,13 @@ from watchdog.evidence.frames import Frame, ProcessStack, ThreadStack
 from watchdog.evidence.roles import Role
 
 _DEVICE_NATIVE = re.compile(r"(?:cu|cuda|hip|musa|ze|acl|aclrt)[A-Za-z]*Synchroni[sz]e|EventWait|_local_scalar_dense"
-                            r"|cuMemcpyDtoH|cudaMemcpy(?!Async)|urQueueFinish")
-_COLL_NATIVE = re.compile(r"^nccl|^rccl|^hccl|^mccl|gloo::|ProcessGroup(?:Gloo|NCCL|HCCL)|c10d::|shm_?all_?reduce")
+                            r"|cuMemcpyDtoH|cudaMemcpy(?!Async)|urQueueFinish"
+                            r"|^(?:cu|cuda|hip)(?:Event|Stream)Query")  # blocking-wait loops poll these
+# NCCL's launch path (ncclGroupEnd > groupLaunch > doLaunches > ncclLaunchKernel) and proxy threads, torch's own
+# NCCL binding, NVSHMEM (DeepEP), MSCCL++.
+_COLL_NATIVE = re.compile(r"^nccl|^rccl|^hccl|^mccl|gloo::|ProcessGroup(?:Gloo|NCCL|HCCL)|c10d::|shm_?all_?reduce"
+                          r"|^(?:groupLaunch|doLaunches|proxyProgress\w*|persistentSocketThread)\b"
+                          r"|torch::cuda::nccl::|^nvshmem|^mscclpp")
 _COMPILE_NATIVE = re.compile(r"llvm::|mlir::|triton::|nvrtc|ptxas|nvJitLink")
 # Kernel stacks: a frame inside a GPU/accelerator driver module means the process waits on (or spins in) the driver.
 _DRIVER_MODULES = re.compile(r"^(?:nvidia\w*|amdgpu|amdkfd|habanalabs|xe|i915|neuron\w*|ascend\w*|davinci\w*)$")
