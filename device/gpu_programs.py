@@ -1,3 +1,4 @@
+# ruff: noqa: PLC0415 - torch is imported only by the programs that use it
 """Small real GPU programs for the watchdog's device runs (see device/README.md). Each ends itself.
 
     python3 device/gpu_programs.py SCENARIO --dir DIR [--seconds N]
@@ -125,7 +126,7 @@ class NcclDirect:
             self.lib = ctypes.CDLL("libnccl.so.2")
         except OSError:
             import nvidia.nccl
-            self.lib = ctypes.CDLL(glob.glob(f"{list(nvidia.nccl.__path__)[0]}/lib/libnccl.so*")[0])
+            self.lib = ctypes.CDLL(glob.glob(f"{next(iter(nvidia.nccl.__path__))}/lib/libnccl.so*")[0])
         uid = NcclUniqueId()
         self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)))
         self.comm = ctypes.c_void_p()

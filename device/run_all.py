@@ -23,10 +23,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from watchdog.evidence.capture import Capturer  # noqa: E402
-from watchdog.evidence.fr_trigger import config_of, trigger  # noqa: E402
-from watchdog.evidence.gpu_nvml import NvmlSource  # noqa: E402
-from watchdog.evidence.nccl_ras import query_ras  # noqa: E402
+from watchdog.evidence.capture import Capturer
+from watchdog.evidence.fr_trigger import config_of, trigger
+from watchdog.evidence.gpu_nvml import NvmlSource
+from watchdog.evidence.nccl_ras import query_ras
 
 PROG = Path(__file__).resolve().parent / "gpu_programs.py"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from watchdog.evidence.explain import Cls, classify
-from watchdog.evidence.roles import Role
 from watchdog.evidence.frames import Frame, ProcessStack, ThreadStack
+from watchdog.evidence.roles import Role
 from watchdog.evidence.stacks import parse_pyspy_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
