@@ -1,34 +1,26 @@
-"""The `watchdog` command: check, run, record, replay; dump, explain, incidents, show, report; pause, resume, reset,
-status."""
+"""The `watchdog` command, the one entry point. Each stage's verbs live with the stage:
+check, run, record, replay in `watchdog.service.commands`; dump, explain, incidents, show, report in
+`watchdog.evidence.commands`; pause, resume, reset, status in `watchdog.act.commands`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-import time
 from importlib import metadata
-from pathlib import Path
 from typing import Any, NoReturn
 
 from watchdog import __version__
 from watchdog.act import commands as operate
-from watchdog.act.state import iso
 from watchdog.config.load import Config, ConfigError, load
 from watchdog.evidence import commands as triage
-from watchdog.judge.judge import worst
-from watchdog.scrape.trace import TraceError, TraceWriter, read_trace, replay
-from watchdog.service.daemon import Daemon
+from watchdog.scrape.trace import TraceError
+from watchdog.service import commands as watch
 from watchdog.service.sdnotify import setup_logging
-from watchdog.service.watcher import build_watcher
-from watchdog.types import State, Verdict
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FROZEN, EXIT_DOWN, EXIT_UNKNOWN, EXIT_USAGE, EXIT_SOFTWARE, EXIT_IOERR = 0, 1, 2, 3, 64, 70, 74
-_EXIT_BY_STATE = {State.IDLE: EXIT_OK, State.WORKING: EXIT_OK, State.FROZEN: EXIT_FROZEN, State.DOWN: EXIT_DOWN}
-_SETTLED = {State.IDLE, State.DOWN, State.BLIND}
+EXIT_USAGE, EXIT_SOFTWARE, EXIT_IOERR = 64, 70, 74
 
 
 def clashing_distribution() -> str | None:
@@ -47,92 +39,6 @@ def _config(args: argparse.Namespace) -> Config:
     exporter: dict[str, Any] = {"port": getattr(args, "metrics_port", None)}
     restart: dict[str, Any] = {"dry_run": True if getattr(args, "dry_run", False) else None}
     return cfg.with_overrides(engine=engine, state=state, exporter=exporter, restart=restart)
-
-
-def _verdict_json(v: Verdict, now: float) -> dict[str, Any]:
-    return {
-        "engine": v.engine, "state": v.state.value, "reason": v.reason, "model": v.model,
-        "for_seconds": round(now - v.since, 1), "stalled_seconds": round(v.stalled_for, 1),
-        "seconds_since_progress": None if v.last_progress is None else round(now - v.last_progress, 1),
-        "incarnation": v.incarnation,
-    }
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    cfg = _config(args)
-    watcher = build_watcher(cfg)
-    started = watcher.clock()
-    deadline = started + args.seconds
-    progress_seen: set[str] = set()
-    while True:
-        t0 = watcher.clock()
-        watcher.tick()
-        verdicts = watcher.judge.verdicts()
-        progress_seen |= {v.engine for v in verdicts if v.last_progress is not None and v.last_progress > started}
-        settled = all(v.state in _SETTLED or (v.state == State.WORKING and v.engine in progress_seen)
-                      for v in verdicts)
-        probing = watcher.prober is not None and watcher.prober.in_flight
-        if watcher.clock() >= deadline or (verdicts and settled and not probing):
-            break
-        time.sleep(max(0.0, min(cfg.scrape.interval - (watcher.clock() - t0), deadline - watcher.clock())))
-    now = watcher.clock()
-    verdicts = [_honest(v, v.engine in progress_seen, now - started) for v in watcher.judge.verdicts()]
-    top = worst(verdicts)
-    code = EXIT_UNKNOWN if top is None else _EXIT_BY_STATE.get(top.state, EXIT_UNKNOWN)
-    if args.json:
-        print(json.dumps({"url": watcher.fetcher.url if hasattr(watcher.fetcher, "url") else cfg.engine.url,
-                          "time": iso(time.time()), "watched_seconds": round(now - started, 1), "exit_code": code,
-                          "engines": [_verdict_json(v, now) for v in verdicts]}, indent=2))
-    else:
-        for v in verdicts:
-            print(f"engine {v.engine}: {v.state.value.upper()}: {v.reason}")
-    return code
-
-
-def _honest(v: Verdict, progress_seen: bool, watched: float) -> Verdict:
-    """A short look at a busy engine that showed no progress must not be reported as healthy."""
-    if v.state == State.WORKING and not progress_seen:
-        return Verdict(v.engine, State.SUSPECT, f"{v.reason}; no progress seen in the {watched:.0f}s watched: "
-                       "watch longer (--seconds 60) to tell a long step from a freeze",
-                       v.since, v.t, v.stalled_for, v.incarnation, v.model, v.last_progress)
-    return v
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    cfg = _config(args)
-    return Daemon(cfg, Path(cfg.state.dir)).run(once=args.once)
-
-
-def cmd_record(args: argparse.Namespace) -> int:
-    cfg = _config(args)
-    out = Path(args.out)
-    writer = TraceWriter(out, 0, {"url": cfg.engine.url, "recorded_at": iso(time.time())})
-    watcher = build_watcher(cfg, sinks=[writer.write])
-    deadline = watcher.clock() + args.seconds
-    count = 0
-    try:
-        while watcher.clock() < deadline:
-            t0 = watcher.clock()
-            for tr in watcher.tick():
-                print(f"{iso(watcher.wall_of(tr.t))} engine {tr.engine}: {tr.to_state.value}: {tr.reason}",
-                      file=sys.stderr)
-            count += 1
-            time.sleep(max(0.0, min(cfg.scrape.interval - (watcher.clock() - t0), deadline - watcher.clock())))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        writer.close()
-    print(f"recorded {count} scrapes to {out}", file=sys.stderr)
-    return 0
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    cfg = load(args.config)
-    for tr in replay(read_trace(args.trace), cfg.thresholds()):
-        print(json.dumps({"t": round(tr.t, 3), "engine": tr.engine,
-                          "from": tr.from_state.value if tr.from_state else None,
-                          "to": tr.to_state.value, "reason": tr.reason}))
-    return 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,23 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         if as_json:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
 
-    c = sub.add_parser("check", help="watch for a few seconds and print one verdict per engine")
-    common(c, as_json=True)
-    c.add_argument("--seconds", type=float, default=10.0, help="longest time to watch (default 10)")
-    c.set_defaults(func=cmd_check)
-
-    r = sub.add_parser("run", help="watch continuously (the service)")
-    common(r, state_dir=True)
-    r.add_argument("--metrics-port", type=int, help="port for the watchdog's own metrics (0: off)")
-    r.add_argument("--once", action="store_true", help="one pass, then exit")
-    r.add_argument("--dry-run", action="store_true", help="everything except acting: restarts are only described")
-    r.set_defaults(func=cmd_run)
-
-    rec = sub.add_parser("record", help="record what the judgement sees, for replay")
-    common(rec)
-    rec.add_argument("--seconds", type=float, required=True)
-    rec.add_argument("--out", required=True, help="trace file to write (JSON lines)")
-    rec.set_defaults(func=cmd_record)
+    watch.add_commands(sub, common, _config)
 
     d = sub.add_parser("dump", help="capture every engine process's stacks now, write a bundle, print the triage")
     common(d, as_json=True)
@@ -202,10 +92,6 @@ def _parser() -> argparse.ArgumentParser:
 
     operate.add_commands(sub, common, _config)
 
-    rp = sub.add_parser("replay", help="run the judgement over a recorded trace; print transitions as JSON lines")
-    rp.add_argument("trace")
-    common(rp, url=False)
-    rp.set_defaults(func=cmd_replay)
     return p
 
 

@@ -66,6 +66,15 @@ class Act:
         self.heartbeat.beat(mono, bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
         return self.responder.status(time.time())
 
+    def incident_id_for(self, engine: str, wall: float) -> str:
+        """The one id of this engine's freeze (open incident, or reserved for the one that opens next)."""
+        return self.responder.id_for(engine, wall)
+
+    def stacks(self, engine: str, decision: str | None, bundle: str | None, details: dict[str, Any],
+               final: bool) -> None:
+        """What the stacks said, for the engine's incident (a freeze waits for its bundle; stacks may hold it)."""
+        self.responder.evidence(engine, decision, bundle, details, final=final)
+
     def fault(self, stage: str, error: str, where: str, started: float) -> None:
         """The watchdog's own fault: one alert per stage and watchdog life (the id is the same all that life)."""
         if self.alerts is None:

@@ -192,13 +192,12 @@ class Daemon:
                     self.evidence.on_transition(tr, watcher.clock(), time.time())
             if self.act is not None and out.incident is not None:
                 i = out.incident
-                self.act.responder.evidence(i.engine, i.decision.value if i.decision else None, i.bundle, i.details,
-                                            final=i.final)
+                self.act.stacks(i.engine, i.decision.value if i.decision else None, i.bundle, i.details, i.final)
 
     def _incident_for(self, engine: str, wall: float) -> str:
         """The id for a freeze's bundle: the engine's incident, opened now or on the next pass with this id."""
         if self.act is not None:
-            return self.act.responder.id_for(engine, wall)
+            return self.act.incident_id_for(engine, wall)
         return incident_id(wall, self.cfg.engine.name, engine, State.FROZEN.value, secrets.token_hex(2))
 
     # -- act: incidents, alerts, restarts --------------------------------------------------------------------
