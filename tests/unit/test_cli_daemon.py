@@ -203,9 +203,10 @@ def test_run_with_an_unusable_state_dir_says_so(tmp_path: Path) -> None:
 PLANTED_BUG = """
 import sys
 import watchdog.cli as cli
+import watchdog.service.commands as commands
 def replay_with_a_bug(trace, thresholds):
     return int("not a number")
-cli.replay = replay_with_a_bug
+commands.replay = replay_with_a_bug
 sys.exit(cli.main(sys.argv[1:]))
 """
 
