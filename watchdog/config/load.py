@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.config.act import AlertsSection, RestartSection, SinkSection, StepSection, check_alerts, check_restart
+from watchdog.config.gpu import GpuSection, check_gpu
 from watchdog.judge.judge import Thresholds
 from watchdog.types import HttpLimits, base_url
 
@@ -121,6 +122,7 @@ class Config:
     judge: JudgeSection = field(default_factory=JudgeSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
     capture: CaptureSection = field(default_factory=CaptureSection)
+    gpu: GpuSection = field(default_factory=GpuSection)
     incidents: IncidentsSection = field(default_factory=IncidentsSection)
     exporter: ExporterSection = field(default_factory=ExporterSection)
     state: StateSection = field(default_factory=StateSection)
@@ -180,6 +182,7 @@ _SECTIONS: dict[str, type] = {
     "state": StateSection,
     "restart": RestartSection,
     "alerts": AlertsSection,
+    "gpu": GpuSection,
 }
 _TABLES: dict[str, type] = {"restart.steps": StepSection, "alerts.sinks": SinkSection}
 
@@ -299,7 +302,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"{src}: exporter.port must be 0..65535, got {cfg.exporter.port}")
     if cfg.state.trace_max_bytes < 0:
         raise ConfigError(f"{src}: state.trace_max_bytes must be 0 or more")
-    for name, check in (("restart", check_restart), ("alerts", check_alerts)):
+    for name, check in (("restart", check_restart), ("alerts", check_alerts), ("gpu", check_gpu)):
         try:
             check(getattr(cfg, name))
         except ValueError as e:

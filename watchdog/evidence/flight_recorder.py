@@ -2,7 +2,7 @@
 
 A process records its torch.distributed collectives when started with ``TORCH_FR_BUFFER_SIZE`` (older name
 ``TORCH_NCCL_TRACE_BUFFER_SIZE``) > 0; it dumps them on demand when ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` is set
-(a line written to ``<that>_<rank>.pipe``... precisely ``<that><rank>.pipe``) to ``TORCH_FR_DUMP_TEMP_FILE<rank>``
+(a line written to the FIFO ``<that prefix><rank>.pipe``, seen on torch 2.11) to ``TORCH_FR_DUMP_TEMP_FILE<rank>``
 (older ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``; default ``/tmp/nccl_trace_rank_``). The dump is a pickle of builtins
 only; it is loaded with an unpickler that refuses every class, so a hostile file cannot run code.
 
