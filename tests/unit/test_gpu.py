@@ -128,3 +128,32 @@ def test_monitor_rates_window_and_unavailable() -> None:
 
 def test_thresholds_are_settable() -> None:
     assert read_gpu(_samples("spin"), GpuThresholds(spin_power_fraction=0.1)).state == GpuState.WORKING
+
+
+def test_gather_and_write_gpu_evidence(tmp_path: Path) -> None:
+    import socket
+
+    from watchdog.config.gpu import GpuSection
+    from watchdog.evidence.gpu_evidence import gather_gpu, write_gpu_files
+
+    samples = _samples("nccl2", 0) + _samples("nccl2", 1)
+    t0, t1 = min(s.t for s in samples), max(s.t for s in samples)
+    mon = GpuMonitor(FakeGpuSource([samples]), keep_seconds=1e9, clock=lambda: t1)
+    mon.tick()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    meta = json.loads((DATA / "run-meta.json").read_text())["scenarios"]["nccl2"]
+    procs = [EngineProcess(pid, Role.WORKER, f"VLLM::Worker_TP{i}", {"TP": i}) for i, pid in enumerate(meta["pids"])]
+    ev = gather_gpu(procs, mon, GpuSection(ras_address=f"127.0.0.1:{port}", ras_timeout=1), t0, freeze=False,
+                    now=t1)
+    assert [r.state for r in ev.readings] == [GpuState.SPINNING, GpuState.IDLE]
+    assert any("nothing listens" in p for p in ev.problems)
+    names = write_gpu_files(tmp_path, ev)
+    assert names == ["gpu.jsonl", "gpu.md"]
+    md = (tmp_path / "gpu.md").read_text()
+    assert "GPU 0 (VLLM::Worker_TP0): spinning" in md and "GPU 1 (VLLM::Worker_TP1): idle" in md
+    assert len((tmp_path / "gpu.jsonl").read_text().splitlines()) == len(samples)
+    off = gather_gpu(procs, None, GpuSection(ras=False), t0, freeze=True, now=t1)
+    assert off.readings == () and "GPU evidence unavailable" in off.problems[0]
