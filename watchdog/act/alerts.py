@@ -2,75 +2,40 @@
 
 `Dispatcher.submit` returns at once; one worker thread per sink delivers from a bounded queue, retrying with
 exponential backoff (tenacity), bounded in attempts and total time, then logs one line and gives up. Each
-(incident_id, event, sink) is sent at most once. Logs name sinks, never their URLs, tokens or secrets.
-
-Generic webhook body (``WebhookSink``), JSON, UTF-8, ``Content-Type: application/json``::
-
-    {"version": 1,                    # schema version, an integer
-     "event": "stall_detected",       # stall_detected | evidence_captured | restart_started | recovered |
-                                      # restart_failed | gave_up | engine_down | resolved
-     "incident_id": "...", "engine": "...", "stack": "...",
-     "url": "http://host:8000",       # the engine's base URL
-     "state": "frozen",               # the engine's state when the event happened
-     "summary": "one human line",
-     "details": {...},                # event-specific: verdict, bundle, downtime, error, kind...
-     "time": "2025-01-31T12:00:00.123Z",  # ISO 8601 UTC, when the event happened
-     "resolved": false}
-
-When a secret is set, ``X-Watchdog-Signature: sha256=<hex HMAC-SHA256(secret, exact body bytes)>`` and
-``X-Watchdog-Timestamp: <unix seconds at sending>`` are added (see `verify_signature`). A timed-out attempt may
-have reached the receiver, so receivers should deduplicate on (incident_id, event).
-
-Alertmanager (``AlertmanagerSink``): one alert per incident, labels ``alertname`` (EngineFrozen, EngineDown or
-EngineBootTimeout from ``details["kind"]`` = frozen/down/boot_timeout, else the incident's first event/state),
-``engine``, ``stack``, ``incident_id``, ``severity``; each event updates its annotations; ``endsAt`` is set
-when ``resolved``. Without ``firing_ttl`` Alertmanager ends a firing alert after its own ``resolve_timeout``.
+(incident_id, event, sink) is sent at most once. Logs name sinks, never their URLs, tokens or secrets. The alert
+itself and the receivers' formats are in `watchdog.act.alert_sinks`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import requests
 import tenacity
 
-from watchdog import __version__
-from watchdog.act.state import iso
-from watchdog.config.load import Config, Secret
+from watchdog.act.alert_sinks import (
+    EVENTS,
+    Alert,
+    AlertmanagerSink,
+    DeliveryError,
+    Sink,
+    SlackSink,
+    WebhookSink,
+    verify_signature,
+)
+from watchdog.config.load import Config
+
+__all__ = ["EVENTS", "Alert", "AlertmanagerSink", "Dispatcher", "RetryPolicy", "SlackSink", "WebhookSink",
+           "build_dispatcher", "describe_error", "verify_signature"]
 
 log = logging.getLogger(__name__)
-
-EVENTS = ("stall_detected", "evidence_captured", "restart_started", "recovered", "restart_failed", "gave_up",
-          "engine_down", "watchdog_fault", "resolved")
-_USER_AGENT = f"engine-watchdog/{__version__}"  # receivers can tell which watchdog sent an alert
-
-
-@dataclass(frozen=True, slots=True)
-class Alert:
-    event: str
-    incident_id: str
-    engine: str
-    stack: str
-    url: str
-    state: str
-    summary: str
-    details: Mapping[str, object] = field(default_factory=dict)
-    time: float = field(default_factory=time.time)  # wall clock
-    resolved: bool = False
-
-    def __post_init__(self) -> None:
-        if self.event not in EVENTS:
-            raise ValueError(f"unknown alert event {self.event!r} (known: {', '.join(EVENTS)})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,135 +54,6 @@ class RetryPolicy:
     def instant(cls, attempts: int = 3) -> RetryPolicy:
         """For tests: the same bounded attempts, no waiting between them."""
         return cls(attempts=attempts, wait_initial=0.0, wait_max=0.0, total=3600.0, jitter=0.0)
-
-
-class Sink(Protocol):
-    name: str
-
-    def send(self, alert: Alert) -> None: ...
-
-
-class DeliveryError(Exception):
-    """The receiver answered, but not with a 2xx."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
-
-
-def sign(secret: Secret, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.reveal().encode(), body, hashlib.sha256).hexdigest()
-
-
-def verify_signature(secret: Secret, body: bytes, header: str) -> bool:
-    return hmac.compare_digest(sign(secret, body), header)
-
-
-def _json(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-
-
-class _HttpSink:
-    """POSTs `body(alert)` through a session of its own (each sink is used by one worker thread)."""
-
-    kind = "http"
-
-    def __init__(self, url: str, *, name: str | None = None, connect_timeout: float = 3.0,
-                 read_timeout: float = 10.0) -> None:
-        self.name = name or self.kind
-        self._url, self.timeout = url, (connect_timeout, read_timeout)
-        self.session = requests.Session()
-        self.session.headers["User-Agent"] = _USER_AGENT
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r})"  # never the URL: it may hold a token
-
-    def body(self, alert: Alert) -> bytes:
-        raise NotImplementedError
-
-    def headers(self, body: bytes) -> dict[str, str]:
-        return {}
-
-    def send(self, alert: Alert) -> None:
-        body = self.body(alert)
-        with self.session.post(self._url, data=body, headers={"Content-Type": "application/json", **self.headers(body)},
-                               timeout=self.timeout, allow_redirects=False, stream=True) as r:
-            if not 200 <= r.status_code < 300:
-                raise DeliveryError(r.status_code)
-
-
-class WebhookSink(_HttpSink):
-    kind = "webhook"
-
-    def __init__(self, url: str, secret: Secret | None = None, **kw: Any) -> None:
-        super().__init__(url, **kw)
-        self._secret = secret
-
-    def body(self, alert: Alert) -> bytes:
-        return _json({"version": 1, "event": alert.event, "incident_id": alert.incident_id, "engine": alert.engine,
-                      "stack": alert.stack, "url": alert.url, "state": alert.state, "summary": alert.summary,
-                      "details": dict(alert.details), "time": iso(alert.time), "resolved": alert.resolved})
-
-    def headers(self, body: bytes) -> dict[str, str]:
-        if not self._secret:
-            return {}
-        return {"X-Watchdog-Signature": sign(self._secret, body), "X-Watchdog-Timestamp": str(int(time.time()))}
-
-
-def headline(alert: Alert) -> str:
-    return (f"[{'RESOLVED' if alert.resolved else alert.event}] {alert.stack} engine {alert.engine}: "
-            f"{alert.summary} (state {alert.state}, incident {alert.incident_id})")
-
-
-def _facts(alert: Alert) -> list[str]:
-    return [f"{k}={v}" for k, v in alert.details.items() if v not in (None, "")]
-
-
-class SlackSink(_HttpSink):
-    kind = "slack"
-
-    def body(self, alert: Alert) -> bytes:
-        icon = ":white_check_mark:" if alert.resolved else ":rotating_light:"
-        context = " · ".join([alert.url, iso(alert.time), *_facts(alert)])[:2900]
-        return _json({"text": headline(alert), "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"{icon} {headline(alert)}"}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": context}]}]})
-
-
-_ALERTNAMES = {"frozen": "EngineFrozen", "down": "EngineDown", "boot_timeout": "EngineBootTimeout"}
-
-
-class AlertmanagerSink(_HttpSink):
-    kind = "alertmanager"
-
-    def __init__(self, base_url: str, *, severity: str = "critical", firing_ttl: float | None = None,
-                 **kw: Any) -> None:
-        super().__init__(base_url.rstrip("/") + "/api/v2/alerts", **kw)
-        self.severity, self.firing_ttl = severity, firing_ttl
-        self._kinds: OrderedDict[str, str] = OrderedDict()  # incident -> kind: one incident is one alert
-
-    def alertname(self, alert: Alert) -> str:
-        kind = alert.details.get("kind")
-        if not isinstance(kind, str) or kind not in _ALERTNAMES:
-            kind = self._kinds.get(alert.incident_id) or (
-                "down" if alert.event == "engine_down" or alert.state == "down" else "frozen")
-        self._kinds[alert.incident_id] = kind
-        if len(self._kinds) > 1024:
-            self._kinds.popitem(last=False)
-        return _ALERTNAMES[kind]
-
-    def body(self, alert: Alert) -> bytes:
-        labels = {"alertname": self.alertname(alert), "engine": alert.engine, "stack": alert.stack,
-                  "incident_id": alert.incident_id, "severity": self.severity}
-        annotations = {"summary": headline(alert), "event": alert.event,
-                       "description": "; ".join([f"{alert.event}: {alert.summary}", *_facts(alert)])}
-        if alert.details.get("bundle"):
-            annotations["bundle"] = str(alert.details["bundle"])
-        am: dict[str, Any] = {"labels": {k: v for k, v in labels.items() if v}, "annotations": annotations,
-                              "startsAt": iso(alert.time), "generatorURL": alert.url}
-        if alert.resolved or self.firing_ttl:
-            am["endsAt"] = iso(alert.time + (0 if alert.resolved else self.firing_ttl or 0))
-        return _json([am])
 
 
 _KINDS = ((requests.ConnectTimeout, "connect timeout"), (requests.Timeout, "read timeout"),
