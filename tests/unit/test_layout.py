@@ -23,6 +23,7 @@ PURE = (
     "watchdog.evidence.stacks",
     "watchdog.evidence.explain",
     "watchdog.evidence.findings",
+    "watchdog.evidence.deadlines",
     "watchdog.act.policy",
 )
 # Modules (or their parents) that do I/O, keep time or hand out randomness.

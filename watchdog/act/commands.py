@@ -17,6 +17,7 @@ from typing import Any
 
 from watchdog.act.state import load_control, load_status, save_control
 from watchdog.config.load import Config
+from watchdog.evidence.deadlines import lines as deadline_lines
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -114,6 +115,9 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
     restart = "dry run" if s.get("dry_run") else ("configured" if s.get("restart_configured") else "not configured")
     print(f"restart: {restart}; budget: {s.get('budget_left')} of {s.get('budget')} left; paused: {paused}; "
           f"gave up: {'yes: ' + str(s['gave_up'].get('reason')) if s.get('gave_up') else 'no'}")
+    if s.get("deadlines"):
+        for line in deadline_lines(s["deadlines"]):
+            print(line)
     return code
 
 

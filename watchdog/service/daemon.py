@@ -24,6 +24,7 @@ from watchdog.act.assemble import Act
 from watchdog.act.state import iso, save_status
 from watchdog.config.load import Config
 from watchdog.evidence.coordinator import EvidenceCoordinator
+from watchdog.evidence.deadline_read import read_deadlines
 from watchdog.evidence.investigate import EvidenceRunner, Investigator
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.trace import TraceWriter
@@ -36,6 +37,7 @@ from watchdog.types import Observation, ProbeFinished, Scrape, State, Transition
 log = logging.getLogger(__name__)
 
 STATUS_EVERY = 5.0  # seconds between rewrites of an unchanged status.json
+DEADLINES_EVERY = 300.0  # seconds between re-reads of the engine's timeouts (a restarted engine may have new ones)
 
 
 def status_line(verdicts: list[Verdict]) -> str:
@@ -63,6 +65,8 @@ class Daemon:
         self._status_written = 0.0
         self._faults_alerted: set[str] = set()
         self._started = time.time()
+        self._deadlines: dict[str, object] | None = None
+        self._deadlines_read = -DEADLINES_EVERY
 
     def run(self, once: bool = False) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -83,6 +87,8 @@ class Daemon:
                 log.warning("evidence capture: %s", problem)
             self.runner = EvidenceRunner(investigator)
             self.evidence = EvidenceCoordinator(self.runner, self.cfg.judge.stall_window, self._incident_for)
+        if not once:
+            self._read_deadlines()
         self._install_signals()
         log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s", self.url,
                  self.cfg.scrape.interval, self.cfg.judge.suspect_after, self.cfg.judge.stall_window, self.state_dir)
@@ -219,15 +225,30 @@ class Daemon:
         if seen == self._status_seen and now - self._status_written < STATUS_EVERY:
             return
         self._status_seen, self._status_written = seen, now
+        if now - self._deadlines_read >= DEADLINES_EVERY:
+            self._read_deadlines()
         status.update({"pid": os.getpid(), "time": time.time(), "stack": self.cfg.engine.name, "url": self.url,
                        "interval": self.cfg.scrape.interval,
                        "engines": [{"engine": v.engine, "state": v.state.value, "reason": v.reason,
-                                    "for_seconds": round(watcher.clock() - v.since, 1)} for v in verdicts]})
+                                    "for_seconds": round(watcher.clock() - v.since, 1)} for v in verdicts],
+                       "deadlines": self._deadlines})
         try:
             save_status(self.state_dir, status)
         except OSError as e:
             self.exporter.write_errors.labels("status.json").inc()
             log.warning("cannot write %s/status.json: %s", self.state_dir, e.strerror)
+
+    def _read_deadlines(self) -> None:
+        """The engine's own timeouts against our confirmation time: warned at start and when the warning changes."""
+        before = self._deadlines and self._deadlines.get("warning")
+        self._deadlines_read = time.monotonic()
+        try:
+            self._deadlines = read_deadlines(self.cfg, self.url).as_dict()
+        except Exception as e:  # reading /proc must not stop the watch
+            log.warning("cannot read the engine's timeouts: %s: %s", type(e).__name__, e)
+            return
+        if self._deadlines["warning"] and self._deadlines["warning"] != before:
+            log.warning("deadline: %s", self._deadlines["warning"])
 
     # -- signals through a self-pipe -------------------------------------------------------------------
 
