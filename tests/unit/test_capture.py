@@ -11,14 +11,26 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy, proc_facts, run_argv
-from watchdog.evidence.model import EngineProcess
+from watchdog.evidence.capture import (
+    MISSING_HINT,
+    PTRACE_HINT,
+    Capturer,
+    find_pyspy,
+    proc_facts,
+    ptrace_scope_note,
+    run_argv,
+)
+from watchdog.evidence.findings import assess
+from watchdog.evidence.model import EngineProcess, Failure
+from watchdog.evidence.roles import Role
 from watchdog.evidence.stacks import parse_pyspy_json
+from watchdog.types import Decision
 
 PYSPY = "/opt/fake/py-spy"
 SLEEPER = "import time\ndef parked_here():\n    print('ready', flush=True)\n    time.sleep({seconds})\nparked_here()\n"
@@ -158,14 +170,16 @@ def test_stopped_process_is_dumped_nonblocking_at_once(sleeper: subprocess.Popen
 ])
 def test_ptrace_denied_gives_the_hint(err: str) -> None:
     d = Capturer(PYSPY, runner=FakeRunner(lambda argv, n: (1, "", err))).dump_one(os.getpid())
-    assert not d.ok and d.error == PTRACE_HINT
+    assert not d.ok and d.error.startswith(PTRACE_HINT) and d.failure is Failure.DENIED
     assert "CAP_SYS_PTRACE" in d.error and "ptrace_scope" in d.error
 
 
 def test_timeout_rc_124() -> None:
     d = Capturer(PYSPY, timeout=2, runner=FakeRunner(lambda argv, n: (124, "", "timed out after 2s"))).dump_one(
         os.getpid())
-    assert not d.ok and d.error == "py-spy timed out after 2s"
+    assert not d.ok and d.failure is Failure.TIMEOUT
+    assert d.error.startswith("py-spy timed out after 2s: the process may be in uninterruptible sleep (state D")
+    assert "it was in state R" in d.error  # this test process, running
 
 
 def test_run_argv_timeout_is_124() -> None:
@@ -199,7 +213,7 @@ def test_locals_only_when_asked_and_native_flag() -> None:
 def test_pyspy_missing() -> None:
     runner = FakeRunner(ok_answer)
     cap = Capturer(None, runner=runner)
-    procs = [EngineProcess(os.getpid(), "engine_core", "VLLM::EngineCore")]
+    procs = [EngineProcess(os.getpid(), Role.ENGINE_CORE, "VLLM::EngineCore")]
     c = cap.capture(procs, rounds=2, gap=0.0, sleep=lambda s: None)
     assert runner.calls == []
     assert len(c.rounds) == 2
@@ -233,8 +247,8 @@ def test_process_exiting_between_rounds() -> None:
             assert seconds == 0.25
             short.wait(timeout=20)  # it ends on its own between the rounds, and is reaped: gone, not a zombie
 
-        procs = [EngineProcess(live, "engine_core", "VLLM::EngineCore"),
-                 EngineProcess(short.pid, "worker", "VLLM::Worker_TP0", {"TP": 0})]
+        procs = [EngineProcess(live, Role.ENGINE_CORE, "VLLM::EngineCore"),
+                 EngineProcess(short.pid, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})]
         c = Capturer(PYSPY, runner=FakeRunner(answer)).capture(procs, rounds=2, gap=0.25, sleep=gap)
     finally:
         _end(short)
@@ -282,7 +296,7 @@ def test_dump_serial_keeps_pid_mapping() -> None:
 def test_real_pyspy_dump_of_a_real_sleeper(sleeper: subprocess.Popen[bytes]) -> None:
     pyspy = find_pyspy()
     assert pyspy is not None, "py-spy is missing from the venv"
-    proc = EngineProcess(sleeper.pid, "worker", "VLLM::Worker_TP0", {"TP": 0})
+    proc = EngineProcess(sleeper.pid, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})
     c = Capturer(pyspy, timeout=30).capture([proc], rounds=2, gap=0.1)
     dumps = [r[sleeper.pid] for r in c.rounds]
     assert all(d.ok for d in dumps), f"py-spy could not dump a child process here: {[d.error for d in dumps]}"
@@ -307,3 +321,98 @@ def test_real_pyspy_dump_of_a_stopped_process(sleeper: subprocess.Popen[bytes]) 
     assert d.nonblocking and d.facts is not None and d.facts.state == "T"
     ps = parse_pyspy_json(json.loads(d.output), pid=sleeper.pid)
     assert "parked_here" in [f.function for t in ps.threads for f in t.frames]
+
+
+# -- degrading out loud: each failure kind named, with its fix; what can still be read is read --------------------
+
+
+@pytest.mark.parametrize(("scope", "meaning"), [("0", "classic"), ("1", "only descendants"), ("2", "admin-only"),
+                                                ("3", "no attach at all")])
+def test_ptrace_scope_note(tmp_path: Path, scope: str, meaning: str) -> None:
+    f = tmp_path / "ptrace_scope"
+    f.write_text(scope + "\n")
+    assert ptrace_scope_note(f).startswith(f" (kernel.yama.ptrace_scope is {scope} here: ") and meaning in (
+        ptrace_scope_note(f))
+    assert ptrace_scope_note(tmp_path / "absent") == ""  # no Yama: nothing to say
+
+
+def test_native_unreadable_falls_back_to_python_only_and_says_so() -> None:
+    def answer(argv: list[str], n: int) -> tuple[int, str, str]:
+        if "--native" in argv:
+            return 1, "", "Error: Failed to unwind native stack: no unwind info"
+        return ok_answer(argv, n)
+
+    runner = FakeRunner(answer)
+    pid = os.getpid()
+    c = Capturer(PYSPY, native=True, runner=runner).capture(
+        [EngineProcess(pid, Role.WORKER, "VLLM::Worker_TP0")], rounds=1, gap=0)
+    d = c.rounds[0][pid]
+    assert d.ok and d.failure is Failure.NATIVE_UNREADABLE and json.loads(d.output)[0]["frames"]
+    assert d.error.startswith("--native could not be read (Error: Failed to unwind native stack: no unwind info): "
+                              "Python-only stacks, taken again without --native")
+    assert runner.argvs == [[PYSPY, "dump", "--json", "--pid", str(pid), "--native"],
+                            [PYSPY, "dump", "--json", "--pid", str(pid)]]
+    assert c.complete and c.problems == (d.error,)  # read, but the incident says what was lost
+
+
+def test_native_and_python_both_failing_is_a_failure_not_a_fallback() -> None:
+    d = Capturer(PYSPY, native=True, runner=FakeRunner(lambda argv, n: (1, "", f"Error: broken {n}"))).dump_one(
+        os.getpid())
+    assert not d.ok and d.failure is Failure.OTHER and d.error == "py-spy failed (exit 1): Error: broken 2"
+
+
+def test_native_denied_is_not_retried_without_native() -> None:
+    runner = FakeRunner(lambda argv, n: (1, "", "Error: Operation not permitted (os error 1)"))
+    d = Capturer(PYSPY, native=True, runner=runner).dump_one(os.getpid())
+    assert d.failure is Failure.DENIED and len(runner.calls) == 1
+
+
+def test_missing_and_gone_have_their_kinds() -> None:
+    assert Capturer(None).dump_one(os.getpid()).failure is Failure.MISSING
+    p = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    p.wait(timeout=10)
+    d = Capturer(PYSPY, runner=FakeRunner(lambda argv, n: (1, "", "Error: No such process (os error 3)"))).dump_one(
+        p.pid)
+    assert d.failure is Failure.GONE and d.error == "the process exited during the capture"
+
+
+def test_real_timeout_of_a_hanging_pyspy(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    """A py-spy that never answers (as on a process in state D): the real runner kills it at the timeout."""
+    hanging = tmp_path / "py-spy"
+    hanging.write_text("#!/bin/sh\nexec sleep 60\n")
+    hanging.chmod(0o755)
+    c = Capturer(str(hanging), timeout=0.5).capture(
+        [EngineProcess(sleeper.pid, Role.WORKER, "VLLM::Worker_TP0")], rounds=1, gap=0)
+    d = c.rounds[0][sleeper.pid]
+    assert not d.ok and d.failure is Failure.TIMEOUT
+    assert d.error.startswith("py-spy timed out after 0.5s: the process may be in uninterruptible sleep (state D")
+    assert "it was in state S" in d.error and d.error in c.problems
+    f = assess(c, work_pending=True)
+    assert f.decision is Decision.UNDECIDED and "py-spy timed out after 0.5s" in f.reason
+
+
+def _as_nobody(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    """The real runner, with py-spy dropped to an unprivileged user: ptrace of root's processes is refused."""
+    return run_argv(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv], timeout)
+
+
+def test_real_pyspy_refused_by_the_kernel_is_named_with_its_fix() -> None:
+    pyspy = find_pyspy()
+    assert pyspy is not None and os.geteuid() == 0, "this test drops from root to nobody"
+    a, b = start_sleeper(), start_sleeper()
+    try:
+        procs = [EngineProcess(a.pid, Role.ENGINE_CORE, "VLLM::EngineCore"),
+                 EngineProcess(b.pid, Role.WORKER, "VLLM::Worker_TP0")]
+        c = Capturer(pyspy, timeout=30, runner=_as_nobody).capture(procs, rounds=2, gap=0)
+    finally:
+        _end(a)
+        _end(b)
+    dumps = [d for r in c.rounds for d in r.values()]
+    assert all(not d.ok and d.failure is Failure.DENIED for d in dumps), [d.error for d in dumps]
+    assert all("CAP_SYS_PTRACE" in d.error and "ptrace_scope" in d.error for d in dumps)
+    assert not c.complete and len(c.problems) == 1
+    f = assess(c, work_pending=True)
+    # never read as healthy: the stacks cannot decide, and the reason names the cause and the fix once for both
+    assert f.decision is Decision.UNDECIDED
+    assert f.reason.startswith("incomplete capture (VLLM::EngineCore, VLLM::Worker_TP0: ptrace was denied")
+    assert f.reason.count("ptrace was denied") == 1

@@ -57,7 +57,15 @@ def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
         "wchan": dumps[0].facts.wchan if dumps and dumps[0].facts else None,
         "threads": dumps[0].facts.threads if dumps and dumps[0].facts else None,
         "nonblocking": any(d.nonblocking for d in dumps), "error": f.error or None,
+        "failures": sorted({d.failure.value for d in dumps if d.failure is not None}),
     }
+
+
+def _failures(capture: Capture) -> list[dict[str, Any]]:
+    """Every dump that failed (or lost its native frames): its kind (`model.Failure`) and the text with the fix."""
+    titles = {p.pid: p.title for p in capture.processes}
+    return [{"round": i, "pid": pid, "title": titles.get(pid, ""), "kind": d.failure.value, "error": d.error}
+            for i, rnd in enumerate(capture.rounds, 1) for pid, d in sorted(rnd.items()) if d.failure is not None]
 
 
 def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: Context,
@@ -66,7 +74,7 @@ def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: C
         "version": MANIFEST_VERSION,
         "id": inc.id, "created": datetime.fromtimestamp(inc.created, UTC).isoformat(), "engine": inc.engine,
         "state": inc.state, "reason": inc.reason, "url": inc.url,
-        "capture_complete": findings.complete,
+        "capture_complete": findings.complete, "capture_failures": _failures(capture),
         "decision": findings.decision.value, "decision_reason": findings.reason,
         "culprit": findings.cross_rank.culprit, "cross_rank": findings.cross_rank.reason,
         "cross_rank_frames": _frames(findings.cross_rank.frames),
@@ -80,6 +88,15 @@ def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: C
     }
 
 
+def _kinds(failures: list[dict[str, Any]]) -> str:
+    """" (denied: 2 dumps, timeout: 1 dump)": the failure kinds at a glance; the texts with fixes are under problems."""
+    counts: dict[str, int] = {}
+    for f in failures:
+        counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+    return (" (" + ", ".join(f"{k}: {n} dump{'s' if n > 1 else ''}" for k, n in sorted(counts.items())) + ")"
+            if counts else "")
+
+
 def summary(m: dict[str, Any]) -> str:
     lines = [
         f"# Incident {m['id']}",
@@ -89,7 +106,7 @@ def summary(m: dict[str, Any]) -> str:
         f"- stacks say: **{m['decision']}**: {m['decision_reason']}",
         f"- culprit: **{m['culprit'] or 'none named'}**: {m['cross_rank']}",
         f"- poll-parking hypothesis: **{m['poll_parking']['status']}**: {m['poll_parking']['reason']}",
-        f"- capture complete: {'yes' if m['capture_complete'] else 'NO'}"
+        f"- capture complete: {'yes' if m['capture_complete'] else 'NO'}" + _kinds(m.get("capture_failures", []))
         + (f"; shared-memory ring warnings in the log: {m['ring_buffer_warnings_in_log']}" if m["log_source"] else ""),
         "",
         "| process | pid | state | class | moved | CPU s | deciding frames |",
@@ -104,7 +121,7 @@ def summary(m: dict[str, Any]) -> str:
     if m["capture_options"].get("locals"):
         lines += ["", "**py-spy --locals was ON: these dumps may hold prompts and secrets. Share with care.**"]
     if m["problems"]:
-        lines += ["", "## Capture problems", *[f"- {p}" for p in m["problems"]]]
+        lines += ["", "## Capture problems (each with its fix)", *[f"- {p}" for p in m["problems"]]]
     lines += ["", "Raw py-spy dumps are in `dumps/`; the metrics page in `metrics.txt`; see runbooks/frozen.md.", ""]
     return "\n".join(lines)
 

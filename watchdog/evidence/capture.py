@@ -2,7 +2,9 @@
 
 Each dump has a timeout. A process that cannot be suspended (it is stopped: SIGSTOP, or a debugger) is
 dumped again with ``--nonblocking``. ``--locals`` is off unless asked for: locals hold prompts and secrets.
-When py-spy is missing or ptrace is denied, the capture records exactly that, with the fix, and goes on.
+Every failure gets one kind (`model.Failure`: denied, missing, timeout, native_unreadable, gone, other), decided once
+here from py-spy's exit and stderr, and a text with its fix; the capture goes on with what can still be read. When
+``--native`` cannot be read the dump is taken again without it (Python-only stacks) and says so.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Protocol
 import psutil
 
 from watchdog.childenv import child_env
-from watchdog.evidence.model import Capture, Dump, EngineProcess, ProcFacts
+from watchdog.evidence.model import Capture, Dump, EngineProcess, Failure, ProcFacts
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,17 @@ PTRACE_HINT = ("ptrace was denied: run the watchdog as root or with CAP_SYS_PTRA
                "CAP_SYS_PTRACE in its unit; --cap-add SYS_PTRACE for a container), and check "
                "/proc/sys/kernel/yama/ptrace_scope (3 forbids ptrace entirely)")
 MISSING_HINT = "py-spy was not found: install it into the watchdog's venv (pip install py-spy) or set capture.pyspy"
+
+
+def ptrace_scope_note(path: Path = Path("/proc/sys/kernel/yama/ptrace_scope")) -> str:
+    """What kernel.yama.ptrace_scope is here, for the denied hint (nothing when there is no Yama)."""
+    try:
+        scope = path.read_text().strip()
+    except OSError:
+        return ""
+    meaning = {"0": "classic", "1": "restricted: only descendants, unless CAP_SYS_PTRACE",
+               "2": "admin-only: CAP_SYS_PTRACE needed", "3": "no attach at all, until reboot"}.get(scope, "unknown")
+    return f" (kernel.yama.ptrace_scope is {scope} here: {meaning})"
 
 
 class DumpRunner(Protocol):
@@ -84,9 +97,25 @@ class Capturer:
         t0 = self.clock()
         facts = proc_facts(pid)
         if self.pyspy is None:
-            return Dump(pid, t0, False, "", MISSING_HINT, facts=facts)
-        argv = [self.pyspy, "dump", "--json", "--pid", str(pid)]
-        if self.native:
+            return Dump(pid, t0, False, "", MISSING_HINT, facts=facts, failure=Failure.MISSING)
+        rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, self.native)
+        note, degraded = "", None
+        if self.native and not (rc == 0 and out.strip()) and self._kind(pid, rc, err) == Failure.OTHER:
+            # --native needs unwind information py-spy may not find: the Python frames still decide
+            native_err = err.strip()[:200] or f"exit {rc}"
+            rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, False)
+            note = (f"--native could not be read ({native_err}): Python-only stacks, taken again without --native "
+                    "(set capture.native = false, or give py-spy the libraries' symbols)")
+            degraded = Failure.NATIVE_UNREADABLE
+        seconds = self.clock() - t0
+        if rc == 0 and out.strip():
+            return Dump(pid, t0, True, out, note, nonblocking, facts, seconds, degraded)
+        kind = self._kind(pid, rc, err)
+        return Dump(pid, t0, False, "", self._explain(kind, rc, err, facts), nonblocking, facts, seconds, kind)
+
+    def _run(self, pyspy: str, pid: int, facts: ProcFacts | None, native: bool) -> tuple[int, str, str, bool]:
+        argv = [pyspy, "dump", "--json", "--pid", str(pid)]
+        if native:
             argv.append("--native")
         if self.with_locals:
             argv.append("--locals")
@@ -95,19 +124,32 @@ class Capturer:
         if rc != 0 and not nonblocking and "suspend" in err.lower():
             nonblocking = True
             rc, out, err = self.runner([*argv, "--nonblocking"], self.timeout)
-        seconds = self.clock() - t0
-        if rc == 0 and out.strip():
-            return Dump(pid, t0, True, out, "", nonblocking, facts, seconds)
-        return Dump(pid, t0, False, "", self._explain_failure(pid, rc, err), nonblocking, facts, seconds)
+        return rc, out, err, nonblocking
 
-    def _explain_failure(self, pid: int, rc: int, err: str) -> str:
+    @staticmethod
+    def _kind(pid: int, rc: int, err: str) -> Failure:
+        """The one place py-spy's exit and stderr are read for why it failed."""
         low = err.lower()
         if not psutil.pid_exists(pid) or "no such process" in low:
-            return "the process exited during the capture"
+            return Failure.GONE
         if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
-            return PTRACE_HINT
+            return Failure.DENIED
         if rc == 124:
-            return f"py-spy {err.strip()}"
+            return Failure.TIMEOUT
+        return Failure.OTHER
+
+    def _explain(self, kind: Failure, rc: int, err: str, facts: ProcFacts | None) -> str:
+        if kind == Failure.GONE:
+            return "the process exited during the capture"
+        if kind == Failure.DENIED:
+            return PTRACE_HINT + ptrace_scope_note()
+        if kind == Failure.TIMEOUT:
+            seen = ""
+            if facts:
+                seen = f"; it was in state {facts.state}" + (f", wchan {facts.wchan}" if facts.wchan not in ("", "0") else "")
+            return (f"py-spy timed out after {self.timeout:g}s: the process may be in uninterruptible sleep "
+                    f"(state D: a driver or I/O wait; read /proc/PID/stack as root){seen}; raise capture.timeout "
+                    "if it is only slow")
         return f"py-spy failed (exit {rc}): {err.strip()[:300]}"
 
     def dump_all(self, pids: Sequence[int]) -> dict[int, Dump]:
@@ -127,7 +169,7 @@ class Capturer:
             if i:
                 sleep(gap)
             taken.append(self.dump_all(pids))
-        problems = sorted({d.error for r in taken for d in r.values() if not d.ok})
+        problems = sorted({d.error for r in taken for d in r.values() if d.failure is not None or not d.ok})
         if not processes:
             problems.append("no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)")
         options: dict[str, object] = {"native": self.native, "locals": self.with_locals, "rounds": rounds,

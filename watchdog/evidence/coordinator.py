@@ -85,7 +85,8 @@ class EvidenceCoordinator:
                            if job.bundle else None)
         f = done.evidence.findings
         summary: dict[str, Any] = {"decision": f.decision.value, "reason": f.reason, "culprit": f.cross_rank.culprit,
-                                   "poll_parking": f.hypothesis.status.value, "complete": f.complete}
+                                   "poll_parking": f.hypothesis.status.value, "complete": f.complete,
+                                   "capture_problems": list(f.problems)}
         details = {k: v for k, v in summary.items() if k != "decision"}
         if done.error:
             details["error"] = done.error

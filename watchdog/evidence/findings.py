@@ -111,6 +111,15 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
     return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems)
 
 
+def _unread(procs: list[ProcessFinding]) -> str:
+    """Which processes could not be read and why, each cause (with its fix) once: "ptrace was denied...: TP0, TP1"."""
+    by_error: dict[str, list[str]] = {}
+    for f in procs:
+        if f.error:
+            by_error.setdefault(f.error, []).append(f.process.label)
+    return "; ".join(f"{', '.join(labels)}: {error}" for error, labels in by_error.items())
+
+
 def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
             cross: CrossRankVerdict) -> tuple[Decision, str]:
     """Stacks confirm a freeze only when every engine process was read and nothing moved between captures."""
@@ -126,8 +135,7 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
     if not procs:
         return Decision.UNDECIDED, "no engine process found to take stacks of"
     if not complete:
-        missing = ", ".join(f"{f.process.label}: {f.error}" for f in procs if f.error)
-        return Decision.UNDECIDED, f"incomplete capture ({missing})"
+        return Decision.UNDECIDED, f"incomplete capture ({_unread(procs)})"
     if not two_rounds:
         return Decision.UNDECIDED, "a single capture cannot tell parked from passing through"
     culprit = f"; culprit: {cross.culprit}" if cross.culprit else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from watchdog.evidence.roles import Role
 
@@ -29,6 +30,17 @@ class ProcFacts:
     threads: int
 
 
+class Failure(StrEnum):
+    """Why a dump is missing (or, for NATIVE_UNREADABLE, only Python frames): one kind, named once, at capture."""
+
+    DENIED = "denied"  # ptrace refused: no CAP_SYS_PTRACE, yama ptrace_scope, a container
+    MISSING = "missing"  # no py-spy
+    TIMEOUT = "timeout"  # py-spy hung: the process may be in uninterruptible sleep (state D)
+    NATIVE_UNREADABLE = "native_unreadable"  # --native failed; the dump was retried without it (Python-only)
+    GONE = "gone"  # the process exited
+    OTHER = "other"
+
+
 @dataclass(frozen=True, slots=True)
 class Dump:
     """One py-spy dump of one process."""
@@ -41,6 +53,7 @@ class Dump:
     nonblocking: bool = False
     facts: ProcFacts | None = None
     seconds: float = 0.0
+    failure: Failure | None = None  # set when not ok, and on an ok dump that lost its native frames
 
 
 @dataclass(frozen=True, slots=True)
