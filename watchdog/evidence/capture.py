@@ -146,7 +146,8 @@ class Capturer:
         if kind == Failure.TIMEOUT:
             seen = ""
             if facts:
-                seen = f"; it was in state {facts.state}" + (f", wchan {facts.wchan}" if facts.wchan not in ("", "0") else "")
+                wchan = f", wchan {facts.wchan}" if facts.wchan not in ("", "0") else ""
+                seen = f"; it was in state {facts.state}{wchan}"
             return (f"py-spy timed out after {self.timeout:g}s: the process may be in uninterruptible sleep "
                     f"(state D: a driver or I/O wait; read /proc/PID/stack as root){seen}; raise capture.timeout "
                     "if it is only slow")
