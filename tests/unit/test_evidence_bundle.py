@@ -23,7 +23,7 @@ from watchdog.evidence.capture import PTRACE_HINT
 from watchdog.evidence.context import RING_WARNING, Context, LogSource, gather, log_tail
 from watchdog.evidence.explain import Cls, Status
 from watchdog.evidence.findings import Findings, assess
-from watchdog.evidence.model import Capture, Dump, EngineProcess, ProcFacts
+from watchdog.evidence.model import Capture, Dump, EngineProcess, Failure, ProcFacts
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.types import Decision, incident_id
 
@@ -552,3 +552,36 @@ def test_incidents_show_report_over_a_state_dir(tmp_path: Path) -> None:
 def test_incidents_empty_state_dir(tmp_path: Path) -> None:
     r = watchdog("incidents", "--state-dir", str(tmp_path))
     assert r.returncode == 0 and r.stdout.strip() == "no incidents"
+
+
+def test_failure_kinds_reach_the_reason_manifest_and_summary(tmp_path: Path) -> None:
+    """Denied ranks and a Python-only fallback are named by kind, with their fixes, and never read as healthy."""
+    r = stopped_tp1_round(20.0)
+    caps = capture(r, r)
+    denied = PTRACE_HINT + " (kernel.yama.ptrace_scope is 1 here: restricted)"
+    native = "--native could not be read (Error: no unwind info): Python-only stacks, taken again without --native"
+    rounds_ = []
+    for taken in caps.rounds:
+        rnd = dict(taken)
+        for p in (TP0, TP1):
+            rnd[p.pid] = Dump(p.pid, 0.0, False, "", denied, facts=ProcFacts("R", "", 20.0, 4),
+                              failure=Failure.DENIED)
+        e = rnd[ENGINE.pid]
+        rnd[ENGINE.pid] = Dump(e.pid, e.t, True, e.output, native, facts=e.facts, failure=Failure.NATIVE_UNREADABLE)
+        rounds_.append(rnd)
+    caps = Capture(caps.processes, tuple(rounds_), (native, denied), caps.options)
+    f = assess(caps, work_pending=True)
+    assert f.decision is Decision.UNDECIDED
+    assert f.reason == f"incomplete capture (VLLM::Worker_TP0, VLLM::Worker_TP1: {denied})"
+    path = write_bundle(tmp_path, incident(1_760_000_000.0), caps, f, context(problems=()))
+    m = json.loads((path / "manifest.json").read_text())
+    assert [(x["round"], x["pid"], x["kind"]) for x in m["capture_failures"]] == [
+        (1, 101, "native_unreadable"), (1, 102, "denied"), (1, 103, "denied"),
+        (2, 101, "native_unreadable"), (2, 102, "denied"), (2, 103, "denied")]
+    assert {p["pid"]: p["failures"] for p in m["processes"]} == {100: [], 101: ["native_unreadable"],
+                                                                102: ["denied"], 103: ["denied"]}
+    assert m["problems"] == sorted([native, denied])
+    summary = (path / "summary.md").read_text()
+    assert "- capture complete: NO (denied: 4 dumps, native_unreadable: 2 dumps)" in summary
+    assert "## Capture problems (each with its fix)" in summary and "CAP_SYS_PTRACE" in summary
+    assert "Python-only stacks" in summary
