@@ -18,6 +18,8 @@ from typing import Any
 
 from watchdog.evidence.context import Context
 from watchdog.evidence.findings import Findings, ProcessFinding
+from watchdog.evidence.gpu import corroborate, gpu_of
+from watchdog.evidence.gpu_evidence import GpuEvidence, write_gpu_files
 from watchdog.evidence.model import Capture
 from watchdog.evidence.stacks import Frame
 
@@ -118,12 +120,29 @@ def summary(m: dict[str, Any]) -> str:
                      f"{'-' if p['moved'] is None else ('yes' if p['moved'] else 'no')} | "
                      f"{'-' if p['cpu_seconds_between_captures'] is None else p['cpu_seconds_between_captures']} | "
                      f"{frames or p['why']} |")
+    if m.get("gpu"):
+        g = m["gpu"]
+        lines += ["", "## GPUs (power corroborates the stacks; it never decides alone)",
+                  *[f"- {line}" for line in g["ranks"]], *[f"- {line}" for line in g["lines"]]]
     if m["capture_options"].get("locals"):
         lines += ["", "**py-spy --locals was ON: these dumps may hold prompts and secrets. Share with care.**"]
     if m["problems"]:
         lines += ["", "## Capture problems (each with its fix)", *[f"- {p}" for p in m["problems"]]]
     lines += ["", "Raw py-spy dumps are in `dumps/`; the metrics page in `metrics.txt`; see runbooks/frozen.md.", ""]
     return "\n".join(lines)
+
+
+def gpu_manifest(gpu: GpuEvidence, findings: Findings) -> dict[str, Any]:
+    """The GPU part of the manifest: readings, and what each rank's GPU adds to its stack class."""
+    ranks = []
+    for f in findings.processes:
+        reading = gpu_of(gpu.readings, f.process.pid)
+        said = corroborate(f.explanation.cls.value if f.explanation else "", reading)
+        if said:
+            ranks.append(f"{f.process.label}: {said}")
+    return {"readings": [r.to_json() for r in gpu.readings], "ranks": ranks, "lines": gpu.lines(),
+            "ras": gpu.ras.verdict() if gpu.ras is not None else None, "flight_recorder": gpu.fr_verdict or None,
+            "flight_recorder_seconds": round(gpu.fr_seconds, 2), "problems": list(gpu.problems)}
 
 
 def _write(path: Path, text: str) -> None:
@@ -133,7 +152,8 @@ def _write(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Findings, context: Context) -> Path:
+def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Findings, context: Context,
+                 gpu: GpuEvidence | None = None) -> Path:
     """Write the bundle atomically; returns its final directory."""
     partial = root / f"{PARTIAL}{inc.id}"
     final = root / inc.id
@@ -153,7 +173,11 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
             if text:
                 _write(partial / name, text)
                 files.append(name)
+        if gpu is not None:
+            files += write_gpu_files(partial, gpu)
         m = manifest(inc, capture, findings, context, files)
+        if gpu is not None:
+            m["gpu"] = gpu_manifest(gpu, findings)
         _write(partial / "summary.md", summary(m))
         _write(partial / "manifest.json", json.dumps(m, indent=2) + "\n")
         os.rename(partial, final)

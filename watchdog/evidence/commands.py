@@ -14,6 +14,7 @@ from typing import Any
 from watchdog.config.load import Config
 from watchdog.evidence.bundle import BundleError, list_bundles
 from watchdog.evidence.explain import ProcessExplanation, classify, cross_rank, poll_parking
+from watchdog.evidence.gpu_nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.investigate import Investigator
 from watchdog.evidence.stacks import Frame, StackParseError, parse_any
 from watchdog.scrape.engine_http import EngineHTTP
@@ -39,16 +40,24 @@ def work_pending(http: EngineHTTP) -> bool | None:
 def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     cfg = cfg.with_overrides(capture={"native": True if args.native else None})
     http = EngineHTTP(cfg.engine.url, cfg.scrape.limits(), cfg.api_key().reveal())
-    inv = Investigator(cfg, http)
-    evidence = inv.investigate(work_pending=work_pending(http))
-    out = Path(args.out) if args.out else inv.incidents_dir
-    wall = time.time()
-    incident = incident_id(wall, cfg.engine.name, "all", "manual", secrets.token_hex(2))
+    g = cfg.gpu
+    gpu: GpuMonitor | None = GpuMonitor(NvmlSource(), g.dense_interval, g.dense_interval) if g.enabled else None
+    if gpu is not None and gpu.start():
+        gpu = None  # no GPU here: nothing to add
+    inv = Investigator(cfg, http, gpu=gpu)
     try:
-        path = inv.write(incident, "all", "manual", "watchdog dump on demand", evidence, out)
-    except BundleError as err:
-        print(f"watchdog: {err}", file=sys.stderr)
-        path = None
+        evidence = inv.investigate(work_pending=work_pending(http))  # the GPU is sampled meanwhile
+        out = Path(args.out) if args.out else inv.incidents_dir
+        wall = time.time()
+        incident = incident_id(wall, cfg.engine.name, "all", "manual", secrets.token_hex(2))
+        try:
+            path = inv.write(incident, "all", "manual", "watchdog dump on demand", evidence, out)
+        except BundleError as err:
+            print(f"watchdog: {err}", file=sys.stderr)
+            path = None
+    finally:
+        if gpu is not None:
+            gpu.stop()
     f = evidence.findings
     if args.json:
         m = json.loads((path / "manifest.json").read_text()) if path else {}

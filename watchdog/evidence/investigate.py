@@ -19,6 +19,8 @@ from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_
 from watchdog.evidence.context import LogSource, fetch_metrics_page, gather
 from watchdog.evidence.discover import discover
 from watchdog.evidence.findings import Findings, assess
+from watchdog.evidence.gpu_evidence import gather_gpu
+from watchdog.evidence.gpu_nvml import GpuMonitor
 from watchdog.evidence.model import Capture, EngineProcess
 from watchdog.evidence.roles import Role
 from watchdog.scrape.engine_http import EngineHTTP
@@ -35,8 +37,8 @@ class Evidence:
 
 class Investigator:
     def __init__(self, cfg: Config, http: EngineHTTP, finder: Callable[[], list[EngineProcess]] | None = None,
-                 capturer: Capturer | None = None) -> None:
-        self.cfg, self.http = cfg, http
+                 capturer: Capturer | None = None, gpu: GpuMonitor | None = None) -> None:
+        self.cfg, self.http, self.gpu = cfg, http, gpu
         c = cfg.capture
         self.base = http.base
         self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter))
@@ -78,7 +80,11 @@ class Investigator:
         wall = time.time()
         inc = BundleHeader(incident, engine, state, reason, self.base, wall)
         root = root or self.incidents_dir
-        path = write_bundle(root, inc, evidence.capture, evidence.findings, context)
+        # on a GPU host: NVML around the freeze, RAS, every rank's Flight Recorder (bounded), before any restart
+        since = wall - self.cfg.judge.stall_window - evidence.seconds
+        gpu = (gather_gpu(evidence.capture.processes, self.gpu, self.cfg.gpu, since, freeze=True, now=wall)
+               if self.gpu is not None else None)
+        path = write_bundle(root, inc, evidence.capture, evidence.findings, context, gpu)
         removed = prune(root, self.cfg.incidents.max_count, self.cfg.incidents.max_bytes)
         if removed:
             log.info("incident retention removed %s", ", ".join(removed))

@@ -30,6 +30,9 @@ from watchdog.types import (
 TRACE_VERSION = 1
 
 
+CONTEXT_KINDS = frozenset({"gpu"})
+
+
 class TraceError(Exception):
     """A trace file cannot be read; the message names the line."""
 
@@ -99,6 +102,8 @@ def read_trace(path: str | os.PathLike[str]) -> Iterator[Observation]:
                 continue
             try:
                 rec = json.loads(line)
+                if rec.get("kind") in CONTEXT_KINDS:
+                    continue  # beside the observations, for people: GPU samples
                 if rec.get("kind") == "header":
                     if rec.get("version") != TRACE_VERSION:
                         raise TraceError(f"{path}:{n}: trace version {rec.get('version')!r}, "
@@ -129,11 +134,15 @@ class TraceWriter:
     def write(self, obs: Observation, wall: float | None = None) -> None:
         """Append one observation. An OSError (disk full) drops the open handle and is raised: the next write
         opens the file again."""
+        self.write_record(to_record(obs, wall))
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        """Append one record; a kind the judge does not read (``gpu``) is kept for people and skipped by replay."""
         try:
             if self._f is None:
                 self._open()
             assert self._f is not None
-            self._f.write(json.dumps(to_record(obs, wall), separators=(",", ":")) + "\n")
+            self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
             self._f.flush()
         except OSError:
             f, self._f = self._f, None

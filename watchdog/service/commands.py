@@ -13,6 +13,7 @@ from typing import Any
 from watchdog.act.state import iso
 from watchdog.config.load import Config, load
 from watchdog.evidence.deadline_read import read_deadlines
+from watchdog.evidence.gpu_nvml import gpu_availability
 from watchdog.judge.judge import worst
 from watchdog.scrape.trace import TraceWriter, read_trace, replay
 from watchdog.service.daemon import Daemon
@@ -57,7 +58,10 @@ def cmd_check(cfg: Config, args: argparse.Namespace) -> int:
         print(json.dumps({"url": watcher.fetcher.url if hasattr(watcher.fetcher, "url") else cfg.engine.url,
                           "time": iso(time.time()), "watched_seconds": round(now - started, 1), "exit_code": code,
                           "engines": [_verdict_json(v, now) for v in verdicts],
-                          "deadlines": read_deadlines(cfg, cfg.engine.url).as_dict()}, indent=2))
+                          "deadlines": read_deadlines(cfg, cfg.engine.url).as_dict(),
+                          "gpu": gpu_availability() if cfg.gpu.enabled else {"available": False, "gpus": 0,
+                                                                             "why": "gpu.enabled is off"}},
+                         indent=2))
     else:
         for v in verdicts:
             print(f"engine {v.engine}: {v.state.value.upper()}: {v.reason}")

@@ -25,6 +25,7 @@ from watchdog.act.state import iso, save_status
 from watchdog.config.load import Config
 from watchdog.evidence.coordinator import EvidenceCoordinator
 from watchdog.evidence.deadline_read import read_deadlines
+from watchdog.evidence.gpu_nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.investigate import EvidenceRunner, Investigator
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.trace import TraceWriter
@@ -59,6 +60,8 @@ class Daemon:
         self._wake_r, self._wake_w = -1, -1
         self._stop_signal: int | None = None
         self.runner: EvidenceRunner | None = None
+        self.gpu: GpuMonitor | None = None
+        self._gpu_seen = 0.0  # wall time of the last GPU sample exported and traced
         self.evidence: EvidenceCoordinator | None = None
         self.act: Act | None = None
         self._status_seen: object = None
@@ -81,8 +84,13 @@ class Daemon:
         watcher = build_watcher(self.cfg, self.http, sinks)
         if not once:
             self.act = Act(self.cfg, self.state_dir, self._act_event, self.http)
+        if self.cfg.gpu.enabled and not once:
+            g = self.cfg.gpu
+            self.gpu = GpuMonitor(NvmlSource(), g.interval, g.dense_interval, g.dense_for, g.keep_seconds)
+            if self.gpu.start():
+                self.gpu = None  # said once by the monitor: no GPU here, and nothing else happens
         if self.cfg.capture.enabled and not once:
-            investigator = Investigator(self.cfg, self.http)
+            investigator = Investigator(self.cfg, self.http, gpu=self.gpu)
             for problem in investigator.preflight():
                 log.warning("evidence capture: %s", problem)
             self.runner = EvidenceRunner(investigator)
@@ -113,6 +121,8 @@ class Daemon:
             self.notifier.stopping()
             if self.runner is not None:
                 self.runner.stop()
+            if self.gpu is not None:
+                self.gpu.stop()
             if self.act is not None:
                 self.act.close()
             self._restore_signals()
@@ -131,6 +141,7 @@ class Daemon:
         self._guard("report", lambda: self._report(watcher, transitions))
         self._guard("act", lambda: self._respond(watcher))
         self._guard("evidence", lambda: self._evidence(watcher, transitions))
+        self._guard("gpu", self._gpu_samples)
 
     def _guard(self, stage: str, fn: Callable[[], list[Transition] | None]) -> list[Transition] | None:
         try:
@@ -171,6 +182,24 @@ class Daemon:
         for tr in transitions:
             log_transition(self.cfg.engine.name, tr)
             self._event(transition_record(self.cfg.engine.name, self.url, tr, watcher.wall_of(tr.t)))
+            if self.gpu is not None and tr.to_state in (State.SUSPECT, State.FROZEN):
+                self.gpu.dense()  # the timeline around a freeze, sampled densely from the suspicion on
+
+    def _gpu_samples(self) -> None:
+        """New GPU samples to the metrics and the trace (power beside the page, for replay and for people)."""
+        if self.gpu is None:
+            return
+        fresh = [s for s in self.gpu.window(self._gpu_seen) if s.t > self._gpu_seen]
+        for s in fresh:
+            self.exporter.observe_gpu(s)
+            if self._trace is not None:
+                try:
+                    self._trace.write_record({"kind": "gpu", **s.to_json()})
+                except OSError as e:
+                    self.exporter.write_errors.labels("trace.jsonl").inc()
+                    self._fault("trace", f"cannot write trace.jsonl: {e.strerror or e}")
+        if fresh:
+            self._gpu_seen = max(s.t for s in fresh)
 
     def _event(self, record: dict[str, object]) -> None:
         if (err := self.events.write(record)) is not None:

@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
+from watchdog.evidence.gpu import GpuSample
 from watchdog.types import ProbeFinished, Scrape, State, Transition, Verdict
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class Exporter:
                                    ["stage"], registry=r)
         self.write_errors = Counter("watchdog_write_errors", "Writes to the state directory that failed (disk full?)",
                                     ["file"], registry=r)
+        self.gpu_util = Gauge("watchdog_gpu_utilization_percent", "NVML utilisation of each GPU", ["gpu"], registry=r)
+        self.gpu_power = Gauge("watchdog_gpu_power_watts", "NVML power draw of each GPU", ["gpu"], registry=r)
+        self.gpu_clock = Gauge("watchdog_gpu_sm_clock_mhz", "NVML SM clock of each GPU", ["gpu"], registry=r)
         self.port = 0
 
     def serve(self, listen: str, port: int) -> int:
@@ -86,6 +90,11 @@ class Exporter:
         rec = status.get("recovery") or {}
         for phase in ("restarting", "proving"):
             self.recovering.labels(phase).set(float(rec.get("seconds", 0.0)) if rec.get("phase") == phase else 0.0)
+
+    def observe_gpu(self, s: GpuSample) -> None:
+        for gauge, value in ((self.gpu_util, s.util), (self.gpu_power, s.power_w), (self.gpu_clock, s.sm_clock_mhz)):
+            if value is not None:
+                gauge.labels(str(s.index)).set(float(value))
 
     def observe_event(self, name: str) -> None:
         self.actions.labels(name).inc()

@@ -1,0 +1,87 @@
+"""GPU evidence in the incident: the real two-rank NCCL hang's NVML samples (one H200 pair, tests/data/gpu) beside
+the stacks of a frozen TP=2 engine. Power corroborates the stacks in the bundle; it decides nothing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from tests.unit.test_evidence_bundle import TP0, TP1, context, incident, stuck_capture
+from watchdog.config.gpu import GpuSection
+from watchdog.evidence.bundle import write_bundle
+from watchdog.evidence.findings import assess
+from watchdog.evidence.gpu import GpuProc, GpuSample, sample_from_json
+from watchdog.evidence.gpu_evidence import gather_gpu
+from watchdog.evidence.gpu_nvml import FakeGpuSource, GpuMonitor
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
+
+
+def two_rank_hang() -> list[list[GpuSample]]:
+    """The nccl2 run: rank 0 (GPU 0) entered an all_reduce its peer never joined; rank 1 (GPU 1) held back.
+    Their pids become the test engine's TP0 and TP1."""
+    samples = [sample_from_json(s) for s in json.loads((DATA / "nvml-samples.json").read_text())["nccl2"]]
+    pid_of = {0: TP0.pid, 1: TP1.pid}
+    samples = [replace(s, procs=tuple(GpuProc(pid_of[s.index], p.used_bytes) for p in s.procs)) for s in samples]
+    by_t: dict[float, list[GpuSample]] = {}
+    for s in samples:
+        by_t.setdefault(s.t, []).append(s)
+    return [by_t[t] for t in sorted(by_t)]
+
+
+def test_the_bundle_says_per_rank_gpu_what_power_adds_to_the_stacks(tmp_path: Path) -> None:
+    rounds = two_rank_hang()
+    monitor = GpuMonitor(FakeGpuSource(rounds), keep_seconds=1e12, clock=lambda: rounds[-1][0].t)
+    for _ in rounds:
+        monitor.tick()  # no thread: the samples as the sampler would have taken them
+    since, until = rounds[0][0].t, rounds[-1][0].t
+    ev = gather_gpu([TP0, TP1], monitor, GpuSection(ras=False, flight_recorder=False), since, freeze=True,
+                    now=until)
+    cap = stuck_capture()
+    path = write_bundle(tmp_path, incident(until), cap, assess(cap, work_pending=True), context(), ev)
+    m = json.loads((path / "manifest.json").read_text())
+    states = {r["index"]: (r["state"], r["ranks"]) for r in m["gpu"]["readings"]}
+    assert states == {0: ("spinning", ["VLLM::Worker_TP0"]), 1: ("idle", ["VLLM::Worker_TP1"])}
+    # TP0 waits in all_reduce on a GPU busy at idle power; TP1 is stopped with its GPU idle
+    tp0 = next(line for line in m["gpu"]["ranks"] if line.startswith("VLLM::Worker_TP0"))
+    assert "busy at idle power" in tp0 and "agrees" in tp0
+    assert any(line.startswith("VLLM::Worker_TP1") and "idle" in line for line in m["gpu"]["ranks"])
+    assert m["decision"] == "stuck" and m["culprit"] == "Worker_TP1"  # the stacks decided; power only agrees
+    summary = (path / "summary.md").read_text()
+    assert "## GPUs (power corroborates the stacks" in summary and "GPU 0 (VLLM::Worker_TP0): spinning" in summary
+    assert {"gpu.jsonl", "gpu.md"} <= set(m["files"])
+    assert len((path / "gpu.jsonl").read_text().splitlines()) == sum(map(len, rounds))
+
+
+def test_no_gpu_no_gpu_section(tmp_path: Path) -> None:
+    cap = stuck_capture()
+    path = write_bundle(tmp_path, incident(1_760_000_000.0), cap, assess(cap, work_pending=True), context())
+    m = json.loads((path / "manifest.json").read_text())
+    assert "gpu" not in m and "GPUs" not in (path / "summary.md").read_text()
+    assert not (path / "gpu.md").exists()
+
+
+def test_the_daemon_exports_and_traces_gpu_samples_and_replay_skips_them(tmp_path: Path) -> None:
+    from watchdog.config.load import Config
+    from watchdog.scrape.trace import TraceWriter, read_trace
+    from watchdog.service.daemon import Daemon
+    from watchdog.types import Scrape
+
+    rounds = two_rank_hang()
+    d = Daemon(Config(), tmp_path)
+    d._trace = TraceWriter(tmp_path / "trace.jsonl")
+    d._trace.write(Scrape(1.0, 2.0, None, "refused", "nothing listening"))
+    d.gpu = GpuMonitor(FakeGpuSource(rounds), keep_seconds=1e12, clock=lambda: rounds[-1][0].t)
+    for _ in rounds[:3]:
+        d.gpu.tick()
+    d._gpu_samples()
+    d._gpu_samples()  # nothing new: nothing written twice
+    d._trace.close()
+    lines = [json.loads(x) for x in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert [x["kind"] for x in lines].count("gpu") == sum(len(r) for r in rounds[:3])
+    assert [type(o).__name__ for o in read_trace(tmp_path / "trace.jsonl")] == ["Scrape"]
+    last = rounds[2]
+    assert d.exporter.gpu_power.labels("0")._value.get() == last[0].power_w
+    assert d.exporter.gpu_util.labels("1")._value.get() == last[1].util
+    d.events.close()
