@@ -235,7 +235,7 @@ def test_single_process_classes_from_reference_frames() -> None:
         (engine(), Cls.ENGINE_WAITING_WORKERS, "SpinCondition.wait"),
         (engine(ENGINE_IDLE), Cls.ENGINE_IDLE, "Condition.wait"),
         (engine(ENGINE_WRITER_BLOCKED), Cls.WRITER_BLOCKED_FULL_RING, "MessageQueue.acquire_write"),
-        (engine(ENGINE_SCHEDULING), Cls.UNKNOWN, "Scheduler.schedule"),
+        (engine(ENGINE_SCHEDULING), Cls.ENGINE_LOOP, "Scheduler.schedule"),  # its own loop: moving there is not work
     ]
     for e, cls, deciding in cases:
         assert (e.cls, e.thread) == (cls, "MainThread"), e.why
@@ -304,7 +304,7 @@ def test_enginecore_stopped_or_blocked_with_idle_workers() -> None:
     assert blocked.culprit == "EngineCore" and "never sends" in blocked.reason
     assert blocked.frames[0].function == "Scheduler.schedule"
     h = poll_parking([engine(ENGINE_SCHEDULING), *workers], True, False)
-    assert h.status is Status.INCONCLUSIVE and "EngineCore is unknown" in h.reason
+    assert h.status is Status.INCONCLUSIVE and "EngineCore is engine_loop" in h.reason
 
 
 def test_all_idle_has_no_culprit_and_poll_parking_does_not_apply() -> None:
@@ -373,4 +373,4 @@ def test_native_frames_inside_a_wait_keep_the_class() -> None:
     busy = ENGINE_IDLE.replace("    Condition.wait (threading.py:355)\n    Queue.get (queue.py:171)\n",
                                "    EngineCore.add_request (vllm/v1/engine/core.py:250)\n")
     assert busy != ENGINE_IDLE
-    assert engine(busy).cls is Cls.UNKNOWN
+    assert engine(busy).cls is Cls.ENGINE_LOOP  # handling input in its own loop, not waiting for it

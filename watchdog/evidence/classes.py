@@ -13,6 +13,9 @@ class Cls(StrEnum):
     """EngineCore waiting for requests: _process_input_queue in queue.get (V0: run_engine_loop in poll)."""
     ENGINE_WAITING_WORKERS = "engine_waiting_workers"
     """EngineCore in a step waiting for replies: collective_rpc/get_response/FutureWrapper.result, or Ray DAG."""
+    ENGINE_LOOP = "engine_loop"
+    """EngineCore in its own loop, outside the model and not waiting: scheduling, bookkeeping, an empty step
+    (vLLM V1 scheduler.schedule/update_from_output, EngineCore.step/_process_engine_step/run_busy_loop)."""
     WRITER_BLOCKED_FULL_RING = "writer_blocked_full_ring"
     """Writer stuck in shm_broadcast acquire_write/enqueue: every slot holds a block some reader has not read."""
     IN_COLLECTIVE = "in_collective"

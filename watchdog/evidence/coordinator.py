@@ -86,7 +86,8 @@ class EvidenceCoordinator:
         f = done.evidence.findings
         summary: dict[str, Any] = {"decision": f.decision.value, "reason": f.reason, "culprit": f.cross_rank.culprit,
                                    "poll_parking": f.hypothesis.status.value, "complete": f.complete,
-                                   "capture_problems": list(f.problems)}
+                                   "capture_problems": list(f.problems),
+                                   "stuck_kind": f.stuck_kind.value if f.stuck_kind else None}
         details = {k: v for k, v in summary.items() if k != "decision"}
         if done.error:
             details["error"] = done.error

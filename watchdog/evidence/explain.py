@@ -66,8 +66,8 @@ class HypothesisVerdict:
 
 _BUSY = (Cls.IN_COLLECTIVE, Cls.MODEL_FORWARD, Cls.DEVICE_WAIT, Cls.COMPILE)
 _IDLE = (Cls.IDLE_READER_WAIT, Cls.ENGINE_IDLE)
-_SEVERITY = [Cls.UNKNOWN, *_IDLE, Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING, Cls.MODEL_FORWARD,
-             Cls.COMPILE, Cls.DEVICE_WAIT, Cls.IN_COLLECTIVE]  # which helper-thread class wins when main says nothing
+_SEVERITY = [Cls.UNKNOWN, *_IDLE, Cls.ENGINE_LOOP, Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING,
+             Cls.MODEL_FORWARD, Cls.COMPILE, Cls.DEVICE_WAIT, Cls.IN_COLLECTIVE]  # the helper-thread class that wins
 _KERNEL_ONLY = " Kernel stack only: no Python frame, so what the Python code was doing cannot be read."
 
 
@@ -84,6 +84,7 @@ _WHY = {
     Cls.IDLE_READER_WAIT: "waits in the broadcast reader for the next step: idle, or the victim of a stuck peer",
     Cls.ENGINE_IDLE: "waits for new requests: nothing is scheduled",
     Cls.ENGINE_WAITING_WORKERS: "is inside a step waiting for the workers' replies",
+    Cls.ENGINE_LOOP: "is in its own loop (scheduling, bookkeeping, an empty step), outside the model and not waiting",
     Cls.WRITER_BLOCKED_FULL_RING: "cannot write: every ring slot holds a block some reader has not consumed",
     Cls.IN_COLLECTIVE: "is inside a collective and waits for every peer of its group to join",
     Cls.DEVICE_WAIT: "is blocked until the device finishes its queued work",

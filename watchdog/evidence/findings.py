@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 
 from watchdog.evidence.explain import (
     Cls,
@@ -27,6 +28,34 @@ _WORKING = {Cls.MODEL_FORWARD, Cls.COMPILE}  # a rank doing real work: the silen
 # Waiting loops move between their own lines (spin, poll with a timeout, re-check): that is not progress.
 _WAITING = {Cls.IDLE_READER_WAIT, Cls.ENGINE_IDLE, Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING,
             Cls.STOPPED}
+# Where EngineCore may pass while it schedules nothing: moving only through these is its loop turning, not work.
+_LOOP = {Cls.ENGINE_LOOP, Cls.ENGINE_WAITING_WORKERS, Cls.ENGINE_IDLE, Cls.IDLE_READER_WAIT}
+_BURN = 0.3  # CPU seconds per second of gap above which a looping EngineCore is burning CPU, not sleeping
+
+
+@dataclass(frozen=True, slots=True)
+class PageWork:
+    """What the engine's page said when the suspicion arose: requests running and waiting (None: not read)."""
+
+    running: float | None = None
+    waiting: float | None = None
+
+    @property
+    def admission_stall(self) -> bool:
+        """Requests wait while none runs: nothing is being computed for anyone."""
+        return self.running == 0 and (self.waiting or 0) > 0
+
+    def __str__(self) -> str:
+        return f"running={self.running:g}, waiting={self.waiting:g}" if self.running is not None and \
+            self.waiting is not None else "running/waiting unknown"
+
+
+class StuckKind(StrEnum):
+    """Why the stacks confirm a freeze (Decision.STUCK): typed, so nobody parses the reason."""
+
+    PARKED = "parked"  # every rank parked and nothing moved
+    LIVELOCK = "livelock"  # EngineCore turns its loop, burning CPU, and never reaches the model
+    ADMISSION_STALL = "admission_stall"  # requests wait, none runs, and nothing moves toward running them
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +66,8 @@ class ProcessFinding:
     cpu_seconds: float | None  # CPU used between the captures
     state: str  # /proc state at the first capture
     error: str  # why there is no explanation
+    last_cls: Cls | None = None  # the class at the last capture (None: not two good captures)
+    gap: float | None = None  # seconds between its first and last dump
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +79,16 @@ class Findings:
     reason: str
     complete: bool
     problems: tuple[str, ...]
+    stuck_kind: StuckKind | None = None  # set when decision is STUCK
+    page: PageWork | None = None  # the page's running/waiting the decision was made with
 
 
 def _stack(dump: Dump, proc: EngineProcess) -> ProcessStack | None:
     if not dump.ok:
         return None
     try:
-        return parse_pyspy_json(json.loads(dump.output), pid=proc.pid, title=proc.title)
+        return parse_pyspy_json(json.loads(dump.output), pid=proc.pid,
+                                title=proc.title if proc.node == "local" else proc.label)
     except (ValueError, StackParseError):
         return None
 
@@ -71,7 +105,8 @@ def _thread_frames(ps: ProcessStack, label: str) -> tuple[Frame, ...]:
     return ()
 
 
-def assess(capture: Capture, work_pending: bool | None) -> Findings:
+def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = None) -> Findings:
+    """Assess a capture; ``page``: the page's running/waiting at suspicion (livelock and admission-stall rules)."""
     found: list[ProcessFinding] = []
     for proc in capture.processes:
         dumps = [r[proc.pid] for r in capture.rounds if proc.pid in r]
@@ -85,20 +120,22 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
         expl = classify(stacks[0], proc.role, state)
         moved: bool | None = None
         cpu: float | None = None
-        if len(stacks) >= 2 and stacks[-1] is not None:
+        last_cls: Cls | None = None
+        gap: float | None = None
+        if len(stacks) >= 2 and (last_stack := stacks[-1]) is not None:
+            last_cls = classify(last_stack, proc.role, dumps[-1].facts.state if dumps[-1].facts else None).cls
             moved = _frames_key(_thread_frames(stacks[0], expl.thread)) != _frames_key(
-                _thread_frames(stacks[-1], expl.thread))
+                _thread_frames(last_stack, expl.thread))
             if moved and expl.cls in _WAITING:
-                # a wait loop passes through its own lines; only leaving the wait is progress
-                moved = classify(stacks[-1], proc.role, dumps[-1].facts.state
-                                 if dumps[-1].facts else None).cls != expl.cls
+                moved = last_cls != expl.cls  # a wait loop passes through its own lines; only leaving it is progress
             last = dumps[-1].facts
             if first and first.facts and last:
                 cpu = round(last.cpu_seconds - first.facts.cpu_seconds, 3)
+            gap = round(dumps[-1].t - dumps[0].t, 3)
         error = ""
         if len(capture.rounds) >= 2 and moved is None:  # unknown whether it moved: the capture is incomplete
             error = (dumps[-1].error if len(dumps) >= 2 else "") or "no readable dump in the last round"
-        found.append(ProcessFinding(proc, expl, moved, cpu, state, error))
+        found.append(ProcessFinding(proc, expl, moved, cpu, state, error, last_cls, gap))
     expls = [f.explanation for f in found if f.explanation is not None]
     moved_by_name = {f.explanation.name: bool(f.moved) for f in found if f.explanation is not None}
     engine_procs = [f for f in found if f.process.role in ENGINE_ROLES]
@@ -107,8 +144,8 @@ def assess(capture: Capture, work_pending: bool | None) -> Findings:
     cross = cross_rank(expls, moved_by_name if two_rounds else None)
     hypothesis = poll_parking([e for e in expls if e.role in (Role.ENGINE_CORE, Role.WORKER)], work_pending, any_moved)
     complete = bool(engine_procs) and all(not f.error for f in engine_procs)
-    decision, reason = _decide(engine_procs, complete, two_rounds, cross)
-    return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems)
+    decision, reason, kind = _decide(engine_procs, complete, two_rounds, cross, page or PageWork())
+    return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems, kind, page)
 
 
 def _unread(procs: list[ProcessFinding]) -> str:
@@ -120,23 +157,67 @@ def _unread(procs: list[ProcessFinding]) -> str:
     return "; ".join(f"{', '.join(labels)}: {error}" for error, labels in by_error.items())
 
 
+_Said = tuple[Decision, str, StuckKind | None]
+
+
+def _classes(f: ProcessFinding) -> set[Cls]:
+    return {c for c in (f.explanation.cls if f.explanation else None, f.last_cls) if c is not None}
+
+
+def _in_work(f: ProcessFinding, stall: bool) -> bool:
+    """In the model or compiling. With nothing running (``stall``) the scheduler gave the model nothing to do: only a
+    rank in it at both captures is a step; one seen there once passed through an empty step."""
+    first = f.explanation is not None and f.explanation.cls in _WORKING
+    if stall and f.last_cls is not None:
+        return first and f.last_cls in _WORKING
+    return first or f.last_cls in _WORKING
+
+
+def _burning(procs: list[ProcessFinding], stall: bool) -> ProcessFinding | None:
+    """An EngineCore turning its loop (never leaving it at either capture) on at least ``_BURN`` of a core."""
+    for f in procs:
+        if f.process.role != Role.ENGINE_CORE or f.cpu_seconds is None or not f.gap or not _classes(f) <= _LOOP:
+            continue
+        if (Cls.ENGINE_LOOP in _classes(f) or f.moved or stall) and f.cpu_seconds >= _BURN * f.gap:
+            return f
+    return None
+
+
 def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
-            cross: CrossRankVerdict) -> tuple[Decision, str]:
-    """Stacks confirm a freeze only when every engine process was read and nothing moved between captures."""
-    working = [f for f in procs if f.explanation is not None and f.explanation.cls in _WORKING]
-    if working:
+            cross: CrossRankVerdict, page: PageWork) -> _Said:
+    """Stacks clear a suspicion only with a rank in the model (a kernel, the sampler) or compiling, or movement
+    outside EngineCore's own loop; they confirm it when every engine process was read, twice, and nothing but that
+    loop moved: a livelock (the loop burning CPU), an admission stall (requests wait, none runs) or parked ranks."""
+    stall = page.admission_stall
+    if working := [f for f in procs if _in_work(f, stall)]:
         e = working[0].explanation
         assert e is not None
-        return Decision.WORKING, f"{e.name} is {e.cls.value}: a long step, not a freeze"
+        cls = e.cls if e.cls in _WORKING else working[0].last_cls
+        assert cls is not None
+        return Decision.WORKING, f"{e.name} is {cls.value}: a long step, not a freeze", None
+    loop = _LOOP | (_WORKING | {Cls.UNKNOWN} if stall else set())
     movers = [f for f in procs if f.moved and f.explanation is not None]
-    if movers:
-        names = ", ".join(f.explanation.name for f in movers if f.explanation)
-        return Decision.WORKING, f"stacks moved between captures ({names})"
+    if real := [f for f in movers if not _classes(f) <= loop]:
+        names = ", ".join(f.explanation.name for f in real if f.explanation)
+        return Decision.WORKING, f"stacks moved between captures ({names})", None
     if not procs:
-        return Decision.UNDECIDED, "no engine process found to take stacks of"
+        return Decision.UNDECIDED, "no engine process found to take stacks of", None
     if not complete:
-        return Decision.UNDECIDED, f"incomplete capture ({_unread(procs)})"
+        return Decision.UNDECIDED, f"incomplete capture ({_unread(procs)})", None
     if not two_rounds:
-        return Decision.UNDECIDED, "a single capture cannot tell parked from passing through"
+        return Decision.UNDECIDED, "a single capture cannot tell parked from passing through", None
+    names = ", ".join(f.explanation.name for f in movers if f.explanation)
+    turned = f" (moved only in its loop: {names})" if movers else ""
+    if burn := _burning(procs, stall):
+        assert burn.explanation is not None
+        return Decision.STUCK, (f"livelock: {burn.explanation.name} turns its own loop "
+                                f"({', '.join(sorted(c.value for c in _classes(burn)))}) on {burn.cpu_seconds:g} CPU s "
+                                f"in {burn.gap:g} s and no rank is in the model ({page}){turned}"), StuckKind.LIVELOCK
+    if stall:
+        return Decision.STUCK, (f"admission stall: {page} and nothing moves toward running them; no rank is in "
+                                f"the model{turned}"), StuckKind.ADMISSION_STALL
+    if movers:
+        return Decision.UNDECIDED, (f"stacks moved only in EngineCore's loop ({names}) without burning CPU "
+                                    f"({page}): not a long step; the metric window decides"), None
     culprit = f"; culprit: {cross.culprit}" if cross.culprit else ""
-    return Decision.STUCK, f"every rank parked and nothing moved between captures{culprit}"
+    return Decision.STUCK, f"every rank parked and nothing moved between captures{culprit}", StuckKind.PARKED

@@ -38,6 +38,10 @@ _COMPILE_PARTS = ("torch/_dynamo/convert_frame", "torch/_dynamo/symbolic_convert
 _COMPILE_NOT = ("_inductor/runtime/", "output_code.py", "subproc_pool.py", "cudagraph_trees", "_inductor/utils.py")
 _MODEL_FUNCS = {"forward", "execute_model", "_model_forward", "_dummy_run", "execute_dummy_batch", "sample_tokens",
                 "profile_run", "capture_model", "run_batch"}
+# EngineCore's own loop (scheduling, bookkeeping, an empty step): innermost-first, so only when nothing inside decides.
+_LOOP_FUNCS = {"schedule", "update_from_output", "step", "step_with_batch_queue", "_process_engine_step", "post_step",
+               "run_busy_loop", "_process_aborts_queue", "get_grammar_bitmask", "make_stats", "_handle_client_request"}
+_LOOP_FILES = ("vllm/v1/core/sched/", "vllm/v1/engine/core.py")
 _REPLY_FUNCS = {"get_response", "_wait_for_response", "collective_rpc"}
 _REMOTE_EXECUTORS = ("multiproc_executor.py", "ray_executor.py", "ray_distributed_executor.py")
 _SPEC = re.compile(r"spec_decode|speculative|eagle|medusa|ngram_proposer|ngram_worker|draft|_mtp|mtp_")
@@ -103,6 +107,8 @@ def _kind(f: Frame) -> Cls | str | None:
         return Cls.COMPILE
     if base in {"_process_input_queue", "run_engine_loop"}:
         return "input"
+    if base in _LOOP_FUNCS and any(p in path for p in _LOOP_FILES):
+        return Cls.ENGINE_LOOP
     if base in _DEFER:
         return "defer"  # sglang overlap scheduler: the main thread waits for its own forward thread
     if base == "_shutdown" and path.endswith("threading.py"):

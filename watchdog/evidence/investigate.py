@@ -18,12 +18,13 @@ from watchdog.evidence.bundle import BundleError, BundleHeader, prune, write_bun
 from watchdog.evidence.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
 from watchdog.evidence.context import LogSource, fetch_metrics_page, gather
 from watchdog.evidence.discover import discover
-from watchdog.evidence.findings import Findings, assess
+from watchdog.evidence.findings import Findings, PageWork, assess
 from watchdog.evidence.gpu_evidence import gather_gpu
 from watchdog.evidence.gpu_nvml import GpuMonitor
 from watchdog.evidence.model import Capture, EngineProcess
 from watchdog.evidence.roles import Role
 from watchdog.scrape.engine_http import EngineHTTP
+from watchdog.scrape.page import PageError, read_page
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,24 @@ class Investigator:
             pass
         return problems
 
-    def investigate(self, work_pending: bool | None) -> Evidence:
+    def page_work(self, engine: str) -> PageWork | None:
+        """The page's running/waiting for ``engine`` now (the one engine when unnamed); None if it cannot be read."""
+        text, problem = fetch_metrics_page(self.http)
+        if problem or not text:
+            return None
+        try:
+            engines = read_page(text).engines
+        except PageError:
+            return None
+        e = engines.get(engine) or (next(iter(engines.values())) if len(engines) == 1 else None)
+        return PageWork(e.running, e.waiting) if e is not None else None
+
+    def investigate(self, work_pending: bool | None, engine: str = "") -> Evidence:
         t0 = time.monotonic()
+        page = self.page_work(engine)  # at suspicion, before the capture's gap: livelock and admission-stall rules
         processes = self.finder()
         capture = self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap)
-        findings = assess(capture, work_pending)
+        findings = assess(capture, work_pending, page)
         seconds = time.monotonic() - t0
         log.info("stacks of %d processes in %.1fs: %s (%s)", len(processes), seconds, findings.decision.value,
                  findings.reason)
@@ -151,7 +165,7 @@ class EvidenceRunner:
             started, evidence = latest
         else:
             started = self.clock()
-            evidence = self.investigator.investigate(work_pending=True)
+            evidence = self.investigator.investigate(work_pending=True, engine=job.engine)
             self._latest[job.engine] = (started, evidence)
         if not job.bundle:
             return EvidenceDone(job, started, evidence, None)
