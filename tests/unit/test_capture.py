@@ -257,7 +257,8 @@ def test_process_exiting_between_rounds() -> None:
     gone = c.rounds[1][short.pid]
     assert not gone.ok and gone.error == "the process exited during the capture" and gone.facts is None
     assert c.problems == ("the process exited during the capture",) and not c.complete
-    assert c.options == {"native": False, "locals": False, "rounds": 2, "gap_seconds": 0.25, "pyspy": PYSPY}
+    assert c.options == {"native": False, "native_pids": [], "locals": False, "rounds": 2, "gap_seconds": 0.25,
+                         "pyspy": PYSPY}
 
 
 def test_capture_with_no_process_says_so() -> None:

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from tests.unit.test_evidence_bundle import TP0, TP1, context, incident, stuck_capture
+from tests.unit.test_evidence_bundle import ENGINE, TP0, TP1, context, incident, stuck_capture
 from watchdog.config.gpu import GpuSection
 from watchdog.evidence.bundle import write_bundle
 from watchdog.evidence.findings import assess
@@ -85,3 +85,32 @@ def test_the_daemon_exports_and_traces_gpu_samples_and_replay_skips_them(tmp_pat
     assert d.exporter.gpu_power.labels("0")._value.get() == last[0].power_w
     assert d.exporter.gpu_util.labels("1")._value.get() == last[1].util
     d.events.close()
+
+
+def test_engine_processes_holding_a_gpu_get_native_stacks_the_others_do_not(tmp_path: Path) -> None:
+    """Their host thread waits in CUDA or NCCL, which only native frames show (real --native dumps of such waits
+    are in tests/data/gpu: *-pyspy-native.json)."""
+    from watchdog.config.load import Config
+    from watchdog.evidence.capture import Capturer
+    from watchdog.evidence.investigate import Investigator
+    from watchdog.scrape.engine_http import EngineHTTP
+
+    calls: list[list[str]] = []
+
+    def runner(argv: list[str], timeout: float) -> tuple[int, str, str]:
+        calls.append(list(argv))
+        return 1, "", "Error: no such process"
+
+    rounds = two_rank_hang()
+    now = rounds[-1][0].t
+    monitor = GpuMonitor(FakeGpuSource(rounds), keep_seconds=1e12, clock=lambda: now)
+    for _ in rounds:
+        monitor.tick()
+    cfg = Config().with_overrides(capture={"rounds": 1, "gap": 0.1})
+    inv = Investigator(cfg, EngineHTTP("http://127.0.0.1:9"), finder=lambda: [ENGINE, TP0, TP1],
+                       capturer=Capturer("py-spy", runner=runner), gpu=monitor)
+    evidence = inv.investigate(work_pending=True)
+    native = {int(a[a.index("--pid") + 1]) for a in calls if "--native" in a}
+    plain = {int(a[a.index("--pid") + 1]) for a in calls if "--native" not in a}
+    assert native == {TP0.pid, TP1.pid} and plain == {ENGINE.pid}
+    assert evidence.capture.options["native_pids"] == [TP0.pid, TP1.pid]

@@ -19,6 +19,7 @@ class GpuSection:
     ras_timeout: float = 5.0
     flight_recorder: bool = True  # on a freeze, make every rank's Flight Recorder dump (when its pipe is set)
     fr_settle: float = 10.0  # wait at most this long for the dumps before anything is restarted
+    native: bool = True  # py-spy --native for engine processes holding a GPU (their waits are in CUDA/NCCL frames)
 
 
 def ras_host_port(address: str) -> tuple[str, int]:

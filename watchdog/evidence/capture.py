@@ -92,15 +92,17 @@ class Capturer:
         self.with_locals = with_locals
         self.runner = runner
         self.clock = clock
+        self.native_pids: frozenset[int] = frozenset()  # --native for these too (processes holding a GPU)
 
     def dump_one(self, pid: int) -> Dump:
         t0 = self.clock()
         facts = proc_facts(pid)
         if self.pyspy is None:
             return Dump(pid, t0, False, "", MISSING_HINT, facts=facts, failure=Failure.MISSING)
-        rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, self.native)
+        native = self.native or pid in self.native_pids
+        rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, native)
         note, degraded = "", None
-        if self.native and not (rc == 0 and out.strip()) and self._kind(pid, rc, err) == Failure.OTHER:
+        if native and not (rc == 0 and out.strip()) and self._kind(pid, rc, err) == Failure.OTHER:
             # --native needs unwind information py-spy may not find: the Python frames still decide
             native_err = err.strip()[:200] or f"exit {rc}"
             rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, False)
@@ -163,7 +165,10 @@ class Capturer:
         return {pid: self.dump_one(pid) for pid in pids}
 
     def capture(self, processes: Sequence[EngineProcess], rounds: int = 2, gap: float = 3.0,
-                sleep: Callable[[float], None] = time.sleep) -> Capture:
+                sleep: Callable[[float], None] = time.sleep, native_pids: frozenset[int] = frozenset()) -> Capture:
+        """Every process, ``rounds`` times, ``gap`` apart; ``native_pids`` (processes holding a GPU) with --native:
+        their host thread waits in CUDA or NCCL, which only native frames show."""
+        self.native_pids = native_pids
         pids = [p.pid for p in processes]
         taken: list[dict[int, Dump]] = []
         for i in range(rounds):
@@ -173,6 +178,7 @@ class Capturer:
         problems = sorted({d.error for r in taken for d in r.values() if d.failure is not None or not d.ok})
         if not processes:
             problems.append("no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)")
-        options: dict[str, object] = {"native": self.native, "locals": self.with_locals, "rounds": rounds,
+        options: dict[str, object] = {"native": self.native, "native_pids": sorted(native_pids),
+                                      "locals": self.with_locals, "rounds": rounds,
                                       "gap_seconds": gap, "pyspy": self.pyspy}
         return Capture(tuple(processes), tuple(taken), tuple(problems), options)

@@ -74,12 +74,20 @@ class Investigator:
         t0 = time.monotonic()
         page = self.page_work(engine)  # at suspicion, before the capture's gap: livelock and admission-stall rules
         processes = self.finder()
-        capture = self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap)
+        capture = self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap,
+                                        native_pids=self._gpu_holders(processes))
         findings = assess(capture, work_pending, page)
         seconds = time.monotonic() - t0
         log.info("stacks of %d processes in %.1fs: %s (%s)", len(processes), seconds, findings.decision.value,
                  findings.reason)
         return Evidence(capture, findings, seconds)
+
+    def _gpu_holders(self, processes: list[EngineProcess]) -> frozenset[int]:
+        """Engine processes holding a GPU (NVML's last minute), whose waits only native frames show."""
+        if self.gpu is None or not self.cfg.gpu.native or self.cfg.capture.native:
+            return frozenset()
+        held = {proc.pid for s in self.gpu.window(self.gpu.clock() - 60.0) for proc in s.procs}
+        return frozenset(p.pid for p in processes if p.pid in held)
 
     def write(self, incident: str, engine: str, state: str, reason: str, evidence: Evidence,
               root: Path | None = None) -> Path:
