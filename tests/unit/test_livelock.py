@@ -1,0 +1,127 @@
+"""Moving is not working (issue 11 part 2): stacks that move only inside EngineCore's own loop, burning CPU while the
+page shows no progress, are a livelock; requests waiting while none runs, with nothing in the model, an admission
+stall. Both confirm the freeze; movement in the model (a long step) still clears it.
+
+Captures are built from vLLM 0.32 frames (the builders of test_evidence_bundle); the public report this guards
+against: FujitsuPolycom/sparkring#200 (EngineCore live-looping at 100 % CPU for 33 minutes with 0 running, 3 waiting,
+the KV pool pinned, /health 200).
+"""
+
+from __future__ import annotations
+
+from tests.unit.test_evidence_bundle import (
+    API,
+    API_FRAMES,
+    CORE,
+    ENGINE,
+    ENGINE_WAITING,
+    MPX,
+    SITE,
+    STDLIB,
+    TP0,
+    TP1,
+    WORKER_FORWARD,
+    WORKER_IDLE,
+    Frames,
+    Round,
+    by_pid,
+    capture,
+)
+from watchdog.evidence.explain import Cls
+from watchdog.evidence.findings import PageWork, StuckKind, assess
+from watchdog.types import Decision
+
+SCHED = f"{SITE}/vllm/v1/core/sched/scheduler.py"
+LOOP_TAIL: Frames = [("EngineCoreProc._process_engine_step", CORE, 1606), ("EngineCoreProc.run_busy_loop", CORE, 1012),
+                     ("EngineCoreProc.run_engine_core", CORE, 850)]
+# EngineCore inside its loop, as py-spy shows it between the steps of an engine that schedules nothing.
+SCHEDULING: Frames = [("KVCacheManager.allocate_slots", f"{SITE}/vllm/v1/core/kv_cache_manager.py", 240),
+                      ("Scheduler.schedule", SCHED, 778), ("EngineCore.step", CORE, 667), *LOOP_TAIL]
+UPDATING: Frames = [("Scheduler.make_stats", SCHED, 2940), ("Scheduler.update_from_output", SCHED, 1520),
+                    ("EngineCore.step", CORE, 681), *LOOP_TAIL]
+ENGINE_IDLE: Frames = [("Condition.wait", f"{STDLIB}/threading.py", 355), ("Queue.get", f"{STDLIB}/queue.py", 171),
+                       ("EngineCoreProc._process_input_queue", CORE, 1031), ("EngineCoreProc.run_busy_loop", CORE, 1012)]
+# A worker handed an empty step: execute_model returns at once, no model layer under it.
+EMPTY_STEP: Frames = [("CPUModelRunner.execute_model", f"{SITE}/vllm/v1/worker/gpu_model_runner.py", 2410),
+                      ("CPUWorker.execute_model", f"{SITE}/vllm/v1/worker/cpu_worker.py", 180),
+                      ("WorkerProc.worker_busy_loop", MPX, 812), ("WorkerProc.worker_main", MPX, 707)]
+STALL = PageWork(running=0, waiting=3)  # the report's page
+
+
+def rnd(engine: Frames, engine_cpu: float, tp0: Frames = WORKER_IDLE, tp1: Frames = WORKER_IDLE,
+        worker_cpu: float = 20.0) -> Round:
+    return {API.pid: (API_FRAMES, "S", 1.0), ENGINE.pid: (engine, "R", engine_cpu),
+            TP0.pid: (tp0, "S", worker_cpu), TP1.pid: (tp1, "S", worker_cpu)}
+
+
+def test_movement_in_the_engine_loop_burning_cpu_is_a_livelock() -> None:
+    cap = capture(rnd(SCHEDULING, 5.0), rnd(UPDATING, 7.7))  # 2.7 CPU s in a 3 s gap
+    for page in (STALL, PageWork(running=2, waiting=0), None):  # CPU and stacks alone decide; the page adds words
+        f = assess(cap, work_pending=True, page=page)
+        assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
+        assert f.reason.startswith("livelock: EngineCore turns its own loop (engine_loop) on 2.7 CPU s in 3 s")
+        assert "moved only in its loop: EngineCore" in f.reason
+    assert "running=0, waiting=3" in assess(cap, True, STALL).reason
+    p = by_pid(assess(cap, True, STALL))
+    assert p[ENGINE.pid].explanation.cls is Cls.ENGINE_LOOP and p[ENGINE.pid].last_cls is Cls.ENGINE_LOOP
+    assert p[ENGINE.pid].moved is True and p[ENGINE.pid].gap == 3.0
+
+
+def test_a_livelock_whose_steps_reach_the_workers_empty_is_still_a_livelock() -> None:
+    """Each turn broadcasts an empty step: EngineCore waits on the replies, a worker passes through execute_model."""
+    cap = capture(rnd(SCHEDULING, 5.0), rnd(ENGINE_WAITING, 7.0, tp0=EMPTY_STEP))
+    f = assess(cap, work_pending=True, page=STALL)
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
+    assert by_pid(f)[TP0.pid].last_cls is Cls.MODEL_FORWARD  # seen there once: an empty step passing through
+    # without the page's word that nothing runs, a rank seen in execute_model is taken for a long step (as before)
+    assert assess(cap, work_pending=True, page=None).decision is Decision.WORKING
+
+
+def test_movement_in_the_model_forward_is_still_a_long_step() -> None:
+    cap = capture(rnd(ENGINE_WAITING, 5.0, tp0=WORKER_FORWARD, tp1=WORKER_FORWARD, worker_cpu=20.0),
+                  rnd(ENGINE_WAITING, 5.1, tp0=WORKER_FORWARD[1:], tp1=WORKER_FORWARD, worker_cpu=23.0))
+    for page in (PageWork(running=1, waiting=0), STALL, None):  # in the model at both captures: a step, whatever
+        f = assess(cap, work_pending=True, page=page)
+        assert f.decision is Decision.WORKING and f.stuck_kind is None
+        assert f.reason == "Worker_TP0 is model_forward: a long step, not a freeze"
+
+
+def test_running_zero_waiting_nothing_moving_is_an_admission_stall() -> None:
+    cap = capture(rnd(ENGINE_IDLE, 5.0), rnd(ENGINE_IDLE, 5.0))
+    f = assess(cap, work_pending=True, page=STALL)
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL
+    assert f.reason.startswith("admission stall: running=0, waiting=3 and nothing moves toward running them")
+    # the same stacks with nothing waiting are parked ranks (a wedge the probe found), not an admission stall
+    f = assess(cap, work_pending=True, page=PageWork(running=0, waiting=0))
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED
+
+
+def test_a_stall_with_the_loop_turning_slowly_is_an_admission_stall() -> None:
+    cap = capture(rnd(SCHEDULING, 5.0), rnd(UPDATING, 5.2))  # turning, but 0.2 CPU s in 3 s: not burning
+    f = assess(cap, work_pending=True, page=STALL)
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
+    # without a stalled page, a slow turn of the loop is neither work nor proof: the metric window decides
+    f = assess(cap, work_pending=True, page=PageWork(running=1, waiting=0))
+    assert f.decision is Decision.UNDECIDED and "moved only in EngineCore's loop" in f.reason
+
+
+def test_a_healthy_engine_between_steps_is_not_a_livelock() -> None:
+    """Scheduling at one capture, the workers in the model at the next: the engine steps."""
+    cap = capture(rnd(SCHEDULING, 5.0), rnd(ENGINE_WAITING, 7.5, tp0=WORKER_FORWARD, tp1=WORKER_FORWARD))
+    for page in (PageWork(running=4, waiting=0), PageWork(running=1, waiting=2), None):
+        f = assess(cap, work_pending=True, page=page)
+        assert f.decision is Decision.WORKING and f.stuck_kind is None, f.reason
+        assert "model_forward" in f.reason
+    # the worker moving into a collective (not the loop) is movement that counts, as before
+    cap = capture(rnd(ENGINE_WAITING, 5.0), rnd(ENGINE_WAITING, 5.0, tp0=[("GroupCoordinator.all_reduce",
+                  f"{SITE}/vllm/distributed/parallel_state.py", 504), *WORKER_FORWARD]))
+    f = assess(cap, work_pending=True, page=PageWork(running=1, waiting=0))
+    assert f.decision is Decision.WORKING and f.reason == "stacks moved between captures (Worker_TP0)"
+
+
+def test_a_parked_enginecore_spinning_is_not_called_a_livelock_without_its_loop() -> None:
+    """A writer blocked on a full ring spins a core and never moves: a freeze of parked ranks, not a livelock."""
+    writer: Frames = [("MessageQueue.acquire_write", f"{SITE}/vllm/distributed/device_communicators/shm_broadcast.py",
+                       600), *ENGINE_WAITING[5:]]
+    f = assess(capture(rnd(writer, 5.0), rnd(writer, 8.0)), work_pending=True, page=PageWork(running=2, waiting=0))
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED
