@@ -40,7 +40,8 @@ SCHEDULING: Frames = [("KVCacheManager.allocate_slots", f"{SITE}/vllm/v1/core/kv
 UPDATING: Frames = [("Scheduler.make_stats", SCHED, 2940), ("Scheduler.update_from_output", SCHED, 1520),
                     ("EngineCore.step", CORE, 681), *LOOP_TAIL]
 ENGINE_IDLE: Frames = [("Condition.wait", f"{STDLIB}/threading.py", 355), ("Queue.get", f"{STDLIB}/queue.py", 171),
-                       ("EngineCoreProc._process_input_queue", CORE, 1031), ("EngineCoreProc.run_busy_loop", CORE, 1012)]
+                       ("EngineCoreProc._process_input_queue", CORE, 1031),
+                       ("EngineCoreProc.run_busy_loop", CORE, 1012)]
 # A worker handed an empty step: execute_model returns at once, no model layer under it.
 EMPTY_STEP: Frames = [("CPUModelRunner.execute_model", f"{SITE}/vllm/v1/worker/gpu_model_runner.py", 2410),
                       ("CPUWorker.execute_model", f"{SITE}/vllm/v1/worker/cpu_worker.py", 180),
