@@ -14,6 +14,7 @@ from watchdog import __version__
 from watchdog.act import commands as operate
 from watchdog.config.load import Config, ConfigError, load
 from watchdog.evidence import commands as triage
+from watchdog.nodes import commands as nodes
 from watchdog.scrape.trace import TraceError
 from watchdog.service import commands as watch
 from watchdog.service.sdnotify import setup_logging
@@ -91,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=lambda a: triage.cmd_report(_config(a), a))
 
     operate.add_commands(sub, common, _config)
+    nodes.add_commands(sub, common, _config)
 
     return p
 

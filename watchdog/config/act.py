@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 STEP_KINDS = {"systemd": ("restart", "stop", "start"), "docker": ("restart", "stop", "start"), "command": ("run",)}
-NODES = ("local",)  # where a step runs; other nodes (the two-node work) will be named here
+NODES = ("local",)  # where a step runs: "local", or a node named in [[nodes]] (check_restart is given the names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +72,8 @@ class AlertsSection:
 
 
 
-def check_restart(r: RestartSection) -> None:
-    """Raises ValueError naming the key."""
+def check_restart(r: RestartSection, nodes: tuple[str, ...] = NODES) -> None:
+    """Raises ValueError naming the key; ``nodes``: the node names a step may use."""
     for key in ("pre_start_timeout", "boot_timeout", "evidence_timeout", "budget_window", "down_after",
                 "hold_max"):
         if not getattr(r, key) > 0:
@@ -96,8 +96,9 @@ def check_restart(r: RestartSection) -> None:
                                   + f" {key}")
         if not step.timeout > 0:
             raise ValueError(f"{where}.timeout must be greater than 0, got {step.timeout!r}")
-        if step.node not in NODES:
-            raise ValueError(f"{where}.node: only {', '.join(NODES)} steps are supported so far, got {step.node!r}")
+        if step.node not in nodes:
+            raise ValueError(f"{where}.node: unknown node {step.node!r} (known: {', '.join(nodes)}; name other "
+                             "nodes in [[nodes]])")
 
 
 def check_alerts(a: AlertsSection) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from watchdog.config.act import AlertsSection, RestartSection, SinkSection, StepSection, check_alerts, check_restart
 from watchdog.config.gpu import GpuSection, check_gpu
+from watchdog.config.nodes import NodeSection, check_nodes, node_names
 from watchdog.judge.judge import Thresholds
 from watchdog.types import HttpLimits, base_url
 
@@ -128,6 +129,7 @@ class Config:
     state: StateSection = field(default_factory=StateSection)
     restart: RestartSection = field(default_factory=RestartSection)
     alerts: AlertsSection = field(default_factory=AlertsSection)
+    nodes: tuple[NodeSection, ...] = ()  # the stack's other nodes ([[nodes]]; watchdog.nodes reaches them)
     source: str = "<defaults>"
 
     def thresholds(self) -> Thresholds:
@@ -164,6 +166,7 @@ class Config:
     def with_overrides(self, **sections: dict[str, Any]) -> Config:
         """A copy with some keys replaced, validated like the file (used by command-line flags)."""
         raw: dict[str, Any] = {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
+        raw["nodes"] = [dataclasses.asdict(n) for n in self.nodes]
         for name, values in sections.items():
             if name not in raw:
                 raise ConfigError(f"unknown config section {name!r}")
@@ -207,9 +210,14 @@ def load(path: str | os.PathLike[str] | None) -> Config:
 def _build(raw: dict[str, Any], source: str) -> Config:
     sections: dict[str, Any] = {}
     for name, values in raw.items():
+        if name == "nodes":  # the one top-level list of tables: [[nodes]]
+            if not isinstance(values, list | tuple) or not all(isinstance(v, dict) for v in values):
+                raise ConfigError(f"{source}: nodes must be a list of tables ([[nodes]]), got {_tname(values)}")
+            sections[name] = tuple(_section(NodeSection, f"nodes[{i}]", v, source) for i, v in enumerate(values))
+            continue
         cls = _SECTIONS.get(name)
         if cls is None:
-            raise ConfigError(f"{source}: unknown key {name!r} (known sections: {', '.join(_SECTIONS)})")
+            raise ConfigError(f"{source}: unknown key {name!r} (known sections: {', '.join(_SECTIONS)}, nodes)")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: {name} must be a table ([{name}]), got {_tname(values)}")
         sections[name] = _section(cls, name, values, source)
@@ -302,8 +310,13 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"{src}: exporter.port must be 0..65535, got {cfg.exporter.port}")
     if cfg.state.trace_max_bytes < 0:
         raise ConfigError(f"{src}: state.trace_max_bytes must be 0 or more")
-    for name, check in (("restart", check_restart), ("alerts", check_alerts), ("gpu", check_gpu)):
+    for name, check in (("alerts", check_alerts), ("gpu", check_gpu)):
         try:
             check(getattr(cfg, name))
         except ValueError as e:
             raise ConfigError(f"{src}: {e}") from None
+    try:
+        check_nodes(cfg.nodes)
+        check_restart(cfg.restart, node_names(cfg.nodes))
+    except ValueError as e:
+        raise ConfigError(f"{src}: {e}") from None

@@ -15,11 +15,19 @@ class EngineProcess:
     title: str
     ranks: dict[str, int] = field(default_factory=dict)
     ppid: int | None = None
+    node: str = "local"  # the node it runs on ([[nodes]] name); "local" is this host
+    node_pid: int | None = None  # its pid there, when ``pid`` is only the capture's key (another node's process)
 
     @property
     def label(self) -> str:
-        """A short, unique-ish name for reports: the title when it has one."""
-        return self.title if self.title else f"{self.role}[{self.pid}]"
+        """A short, unique-ish name for reports: the title when it has one, and its node when not this host."""
+        name = self.title if self.title else f"{self.role}[{self.real_pid}]"
+        return name if self.node == "local" else f"{name} on node {self.node}"
+
+    @property
+    def real_pid(self) -> int:
+        """The pid on its own node."""
+        return self.node_pid if self.node_pid is not None else self.pid
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,66 @@
+"""What the nodes' liveness reports mean for the stack. Pure: reports and times in, a view per node out.
+
+- a rank ``gone`` or ``zombie`` on any node: ``rank_lost``, naming rank and node, at once (vLLM's engine cannot go on
+  without it: see README "Two nodes");
+- a rank ``stopped``: ``rank_stopped`` (said; the freeze itself is the judge's and the stacks' to decide);
+- no report for ``stale`` seconds, or the node cannot be reached: ``blind`` for that node, never healthy;
+- reports with no engine rank at all: ``no_ranks`` (the engine is not running there);
+- else ``ok``.
+
+`overlay` turns these into the engine verdicts the act stage sees: a lost rank makes a healthy-looking engine
+``down`` (it cannot serve), a blind node makes it ``blind`` (cannot judge; blind never restarts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from watchdog.nodes.protocol import RankState
+from watchdog.types import State, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    node: str
+    status: str  # ok | rank_lost | rank_stopped | no_ranks | blind
+    reason: str
+    ranks: tuple[RankState, ...] = ()
+
+
+def view(node: str, ranks: tuple[RankState, ...] | None, age: float | None, stale: float,
+         error: str = "") -> NodeView:
+    """``ranks``/``age``: the last report and its age in seconds (None: none yet); ``error``: why the stream broke."""
+    if ranks is None or age is None or age > stale:
+        why = error or ("no liveness report yet" if age is None else f"no liveness report for {age:.0f}s")
+        return NodeView(node, "blind", f"cannot see node {node}: {why}", ranks or ())
+    engine = [r for r in ranks if r.role in ("worker", "engine_core", "scheduler")]
+    lost = [r for r in engine if r.state in ("gone", "zombie")]
+    if lost:
+        names = ", ".join(f"{r.title} (pid {r.pid}) {'exited' if r.state == 'gone' else 'is a zombie'}"
+                          for r in lost)
+        return NodeView(node, "rank_lost", f"{names} on node {node}", ranks)
+    stopped = [r for r in engine if r.state == "stopped"]
+    if stopped:
+        return NodeView(node, "rank_stopped", ", ".join(f"{r.title} (pid {r.pid}) stopped on node {node}"
+                                                         for r in stopped), ranks)
+    if not engine:
+        return NodeView(node, "no_ranks", f"no engine rank on node {node}", ranks)
+    return NodeView(node, "ok", f"{len(engine)} rank(s) running on node {node}", ranks)
+
+
+HEALTHY = (State.IDLE, State.WORKING, State.SUSPECT)
+
+
+def overlay(verdicts: list[Verdict], views: list[NodeView]) -> list[Verdict]:
+    """The engine verdicts with what the other nodes say: a lost rank is down, a node not seen is blind."""
+    lost = [v for v in views if v.status == "rank_lost"]
+    blind = [v for v in views if v.status == "blind"]
+    out = []
+    for v in verdicts:
+        seen = v
+        if lost and v.state in (*HEALTHY, State.FROZEN):
+            seen = replace(v, state=State.DOWN, reason="; ".join(x.reason for x in lost))
+        elif blind and v.state in HEALTHY:
+            seen = replace(v, state=State.BLIND, reason="; ".join(x.reason for x in blind))
+        out.append(seen)
+    return out

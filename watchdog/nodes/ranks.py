@@ -1,0 +1,94 @@
+"""On the node: the engine's processes and their state (running, stopped, zombie, gone), cheaply, every few seconds.
+
+Discovery (every process's command line) runs once and again only when a rank is gone or every
+``rediscover_every`` seconds; in between each known rank costs one read of ``/proc/PID/stat``. A rank that is
+gone stays reported as gone until a new process with its title appears (a restart).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from watchdog.evidence.model import EngineProcess
+from watchdog.nodes.protocol import RANK_STATES
+
+CAP_SYS_PTRACE = 19
+
+
+def stat_of(pid: int) -> tuple[str, str] | None:
+    """(state letter, start time in ticks) of a pid, or None when it does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rsplit(")", 1)[1].split()
+    return fields[0], fields[19]
+
+
+class RankTracker:
+    def __init__(self, find: Callable[[], Sequence[EngineProcess]], rediscover_every: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.find, self.every, self.clock = find, rediscover_every, clock
+        self.known: dict[int, tuple[EngineProcess, str]] = {}  # pid -> (process, start time)
+        self.gone: dict[str, dict[str, Any]] = {}  # title -> its last report, while no successor exists
+        self.found_at = -1e18
+
+    def _rediscover(self) -> None:
+        self.found_at = self.clock()
+        fresh: dict[int, tuple[EngineProcess, str]] = {}
+        for p in self.find():
+            st = stat_of(p.pid)
+            if st is not None:
+                fresh[p.pid] = (p, st[1])
+        for pid, (p, started) in self.known.items():
+            if pid not in fresh or fresh[pid][1] != started:
+                self.gone[p.title] = {"pid": pid, "title": p.title, "role": p.role.value, "state": "gone"}
+        self.known = fresh
+        for p, _ in fresh.values():
+            self.gone.pop(p.title, None)
+
+    def poll(self) -> list[dict[str, Any]]:
+        if self.clock() - self.found_at >= self.every:
+            self._rediscover()
+        report = []
+        lost = False
+        for pid, (p, started) in list(self.known.items()):
+            st = stat_of(pid)
+            state = "gone" if st is None or st[1] != started else RANK_STATES.get(st[0], "running")
+            if state == "gone":
+                lost = True
+                del self.known[pid]
+                self.gone[p.title] = {"pid": pid, "title": p.title, "role": p.role.value, "state": "gone"}
+                continue
+            report.append({"pid": pid, "title": p.title, "role": p.role.value, "state": state})
+        if lost:  # look for successors at once (a restart), then report what is still missing as gone
+            self._rediscover()
+            report = [r for r in report if r["pid"] in self.known]
+            known_pids = {r["pid"] for r in report}
+            report += [{"pid": pid, "title": p.title, "role": p.role.value, "state": "running"}
+                       for pid, (p, _) in self.known.items() if pid not in known_pids]
+        return report + list(self.gone.values())
+
+
+def ptrace_check() -> tuple[bool, str]:
+    """Whether py-spy may attach to the engine here: CAP_SYS_PTRACE in effect and Yama not at 3."""
+    try:
+        scope = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        scope = ""
+    if scope == "3":
+        return False, "kernel.yama.ptrace_scope is 3: no attach at all"
+    try:
+        status = Path("/proc/self/status").read_text()
+        cap_eff = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), 16)
+    except (OSError, StopIteration, ValueError):
+        cap_eff = 0
+    if cap_eff & (1 << CAP_SYS_PTRACE):
+        return True, "CAP_SYS_PTRACE" + (f", ptrace_scope {scope}" if scope else "")
+    if scope in ("", "0") and os.geteuid() != 0:
+        return True, "same user, ptrace_scope 0 (no CAP_SYS_PTRACE: only this user's processes)"
+    return False, f"no CAP_SYS_PTRACE (ptrace_scope {scope or 'absent'}): run the agent as root or give it the cap"
