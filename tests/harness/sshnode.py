@@ -58,6 +58,10 @@ LogLevel VERBOSE
 """
 
 
+REAPER = ("import os, time\nwhile True:\n    try:\n        os.wait()\n    except ChildProcessError:\n"
+          "        time.sleep(0.5)\n")
+
+
 class SshNode:
     def __init__(self, root: Path, agent_toml: str = "", head_netns: bool = False, name: str = "worker1",
                  python: str = sys.executable) -> None:
@@ -93,8 +97,10 @@ class SshNode:
         (d / "sshd_config").write_text(SSHD_CONFIG.format(addr=self.addr, dir=d))
         self._net()
         Path("/run/sshd").mkdir(exist_ok=True)
-        boot = (f"mount --make-rprivate / && mount -t tmpfs -o size=256m tmpfs /dev/shm && "
-                f"exec /usr/sbin/sshd -D -e -f {d}/sshd_config")
+        # PID 1 of the node reaps orphans (a detached engine's processes), sshd runs beside it
+        boot = (f"mount --make-rprivate / && mount -t tmpfs -o size=512m tmpfs /dev/shm && "
+                f"(/usr/sbin/sshd -D -e -f {d}/sshd_config &) && exec {self.python} {d}/reaper.py")
+        (d / "reaper.py").write_text(REAPER)
         with open(self.sshd_log, "ab") as log:
             self.proc = subprocess.Popen(
                 ["ip", "netns", "exec", self.ns, "unshare", "--pid", "--fork", "--mount", "--mount-proc",
@@ -136,7 +142,7 @@ class SshNode:
 
     @property
     def sshd_pid(self) -> int:
-        """The sshd's pid as this (root) namespace sees it: the namespace's PID 1."""
+        """The node's PID 1 as this (root) namespace sees it (a reaper; sshd runs beside it)."""
         assert self.proc is not None
         kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
         return int(kids[0])

@@ -1,0 +1,144 @@
+"""A real two-node vLLM (CPU, TP=2) on one machine, the way it runs on two hosts.
+
+- the worker node: `SshNode` (its own network, PID and mount namespaces, a real sshd, its own /dev/shm);
+- the head: its own PID and mount namespaces (so its /proc, and a watchdog started in it, sees only the head's
+  processes), in this network namespace, joined to the worker by the veth pair;
+- head: ``vllm serve --nnodes 2 --node-rank 0 --master-addr <head address>`` (API server, EngineCore,
+  Worker_TP0); worker: ``--node-rank 1 --headless`` (a plain parent and Worker_TP1, no HTTP); both with
+  GLOO_SOCKET_IFNAME and VLLM_HOST_IP of their end of the veth.
+
+Each half is started and stopped by `two_node_ctl.py` (as a unit would be), so restart steps can do the same.
+`close` stops both halves and then ends both namespaces by their PID 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from tests.harness.server import BASE_ENV, free_port
+from tests.harness.sshnode import REAPER, SshNode
+
+HERE = Path(__file__).resolve().parent
+CTL = HERE / "two_node_ctl.py"
+SERVE = HERE / "vllm_serve_main.py"
+
+
+class TwoNodeVllm:
+    def __init__(self, root: Path, engine_python: Path, model: Path, node: SshNode) -> None:
+        self.root, self.python, self.model, self.node = root, engine_python, model, node
+        self.run = root / "run"
+        self.run.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model_name = model.name
+        self.head_holder: subprocess.Popen[bytes] | None = None
+
+    def _spec(self, role: str) -> None:
+        n = self.node
+        common = [str(self.python), str(SERVE), str(self.model), "--served-model-name", self.model_name,
+                  "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--enforce-eager",
+                  "--dtype", "bfloat16", "--max-model-len", "4096", "--max-num-seqs", "8",
+                  "--max-num-batched-tokens", "256", "--nnodes", "2", "--master-addr", n.head_addr]
+        if role == "head":
+            argv = [*common, "--node-rank", "0", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--disable-uvicorn-access-log"]
+            env = {"GLOO_SOCKET_IFNAME": n.veth_head, "VLLM_HOST_IP": n.head_addr}
+        else:
+            argv = [*common, "--node-rank", "1", "--headless"]
+            env = {"GLOO_SOCKET_IFNAME": n.veth_node, "VLLM_HOST_IP": n.addr}
+        spec = {"argv": argv, "env": {**BASE_ENV, **env}, "log": str(self.run / f"{role}.log")}
+        (self.run / f"{role}.json").write_text(json.dumps(spec))
+
+    def start_head_namespace(self) -> None:
+        (self.run / "reaper.py").write_text(REAPER)
+        self.head_holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                                             str(self.run / "reaper.py")], stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            kids = Path(f"/proc/{self.head_holder.pid}/task/{self.head_holder.pid}/children").read_text().split()
+            if kids:
+                self.head_pid1 = int(kids[0])
+                return
+            time.sleep(0.05)
+        raise RuntimeError("the head's PID namespace did not start")
+
+    def head_nsenter(self) -> list[str]:
+        return ["nsenter", "-t", str(self.head_pid1), "-p", "-m", "--"]
+
+    def ctl(self, verb: str, role: str) -> list[str]:
+        """The argv of a step that starts or stops one half (run on that half's node)."""
+        return [sys.executable, str(CTL), verb, role, str(self.run)]
+
+    def do(self, verb: str, role: str) -> None:
+        prefix = self.head_nsenter() if role == "head" else self.node.nsenter()
+        subprocess.run([*prefix, *self.ctl(verb, role)], check=True, timeout=60)
+
+    def start(self, ready_timeout: float = 300.0) -> TwoNodeVllm:
+        self._spec("head")
+        self._spec("worker")
+        if self.head_holder is None:
+            self.start_head_namespace()
+        self.do("start", "worker")
+        self.do("start", "head")
+        self.wait_ready(ready_timeout)
+        return self
+
+    def generate(self, timeout: float = 30.0) -> str:
+        r = requests.post(f"{self.url}/v1/completions", json={"model": self.model_name, "prompt": "hello",
+                                                              "max_tokens": 4}, timeout=timeout)
+        r.raise_for_status()
+        return str(r.json()["choices"][0]["text"])
+
+    def wait_ready(self, timeout: float) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            with contextlib.suppress(requests.RequestException):
+                self.generate(10)
+                return time.monotonic() - t0
+            time.sleep(1)
+        raise TimeoutError(f"the two-node vLLM did not serve within {timeout:.0f}s; head log: "
+                           f"{self.log_tail('head')}\nworker log: {self.log_tail('worker')}")
+
+    def log_tail(self, role: str, n: int = 3000) -> str:
+        p = self.run / f"{role}.log"
+        return p.read_text(errors="replace")[-n:] if p.exists() else ""
+
+    def pids(self, role: str) -> dict[str, int]:
+        """Title -> pid as this (root) namespace sees them, of one half's processes."""
+        pidfile = self.run / f"{role}.pid"
+        holder_view = int(pidfile.read_text())  # the pid inside that half's namespace
+        ns_pid1 = self.head_pid1 if role == "head" else self.node.sshd_pid
+        out: dict[str, int] = {}
+        ns = os.readlink(f"/proc/{ns_pid1}/ns/pid")
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(d / "ns/pid") != ns:
+                    continue
+                status = (d / "status").read_text()
+                nspid = next(ln.split()[-1] for ln in status.splitlines() if ln.startswith("NSpid:"))
+                title = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                if title.startswith("VLLM::") or int(nspid) == holder_view:
+                    out[title if title.startswith("VLLM::") else "root"] = int(d.name)
+        return out
+
+    def close(self) -> None:
+        for role in ("head", "worker"):
+            with contextlib.suppress(Exception):
+                self.do("stop", role)
+        if self.head_holder is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.head_holder.pid, signal.SIGKILL)
+            self.head_holder.wait(timeout=10)
+            self.head_holder = None

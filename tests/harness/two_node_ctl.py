@@ -1,0 +1,61 @@
+"""Start or stop one half of the two-node vLLM, as a restart step does on a real node (a unit's ExecStart/Stop).
+
+    python two_node_ctl.py start|stop head|worker RUN_DIR
+
+Reads RUN_DIR/<role>.json (argv, env, log), started detached in a session of its own with its pid in
+RUN_DIR/<role>.pid; stop ends that session (SIGTERM, then SIGKILL after 15 s). Run with the engine venv's or
+any python: it only starts and signals processes. vLLM's own launcher must be run through `vllm_serve_main.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def start(run: Path, role: str) -> int:
+    spec = json.loads((run / f"{role}.json").read_text())
+    env = {**os.environ, **spec["env"]}
+    with open(spec["log"], "ab") as log:
+        p = subprocess.Popen(spec["argv"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True, cwd=str(run))
+    (run / f"{role}.pid").write_text(str(p.pid))
+    return 0
+
+
+def alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop(run: Path, role: str) -> int:
+    pidfile = run / f"{role}.pid"
+    if not pidfile.exists():
+        return 0
+    pgid = int(pidfile.read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pidfile.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    verb, who, run_dir = sys.argv[1:4]
+    sys.exit((start if verb == "start" else stop)(Path(run_dir), who))
