@@ -78,6 +78,7 @@ def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: C
         "state": inc.state, "reason": inc.reason, "url": inc.url,
         "capture_complete": findings.complete, "capture_failures": _failures(capture),
         "decision": findings.decision.value, "decision_reason": findings.reason,
+        "stuck_kind": findings.stuck_kind.value if findings.stuck_kind else None,
         "culprit": findings.cross_rank.culprit, "cross_rank": findings.cross_rank.reason,
         "cross_rank_frames": _frames(findings.cross_rank.frames),
         "poll_parking": {"status": findings.hypothesis.status.value, "reason": findings.hypothesis.reason,
