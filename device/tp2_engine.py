@@ -1,4 +1,4 @@
-# ruff: noqa: PLC0415, S104 - torch/cupy are imported only by the ranks that use them; the server binds loopback
+# ruff: noqa: PLC0415 - torch/cupy are imported only by the ranks that use them; the server binds loopback
 """A two-GPU tensor-parallel "engine" that looks like vLLM to the watchdog, and can be wedged (issue 10).
 
     python3 device/tp2_engine.py serve --dir DIR --port PORT [--seconds N] [--fake]

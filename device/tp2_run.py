@@ -1,3 +1,4 @@
+# ruff: noqa: SIM105, PLC0415, S607 - a driver: best-effort ends of its own process groups, lazy watchdog import, nvidia-smi from PATH
 """Drive issue 10's device run: the two-GPU TP "engine" (device/tp2_engine.py) watched by the real `watchdog run`.
 
     python3 device/tp2_run.py --out DIR [--only healthy,wedge1,wedge0] [--fake]
@@ -59,7 +60,7 @@ def stamp(out: Path, msg: str) -> None:
 
 def metrics_steps(port: int) -> float | None:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
             text = r.read().decode()
     except OSError:
         return None

@@ -24,6 +24,7 @@ PURE = (
     "watchdog.evidence.explain",
     "watchdog.evidence.findings",
     "watchdog.evidence.deadlines",
+    "watchdog.evidence.gpu_culprit",
     "watchdog.act.policy",
 )
 # Modules (or their parents) that do I/O, keep time or hand out randomness.

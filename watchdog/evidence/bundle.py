@@ -19,6 +19,7 @@ from typing import Any
 from watchdog.evidence.context import Context
 from watchdog.evidence.findings import Findings, ProcessFinding
 from watchdog.evidence.gpu import corroborate, gpu_of
+from watchdog.evidence.gpu_culprit import RankView, gpu_culprit
 from watchdog.evidence.gpu_evidence import GpuEvidence, write_gpu_files
 from watchdog.evidence.model import Capture
 from watchdog.evidence.stacks import Frame
@@ -124,6 +125,7 @@ def summary(m: dict[str, Any]) -> str:
     if m.get("gpu"):
         g = m["gpu"]
         lines += ["", "## GPUs (power corroborates the stacks; it never decides alone)",
+                  f"- culprit GPU rank: **{g.get('culprit') or 'none named'}**: {g.get('culprit_reason', '')}",
                   *[f"- {line}" for line in g["ranks"]], *[f"- {line}" for line in g["lines"]]]
     if m["capture_options"].get("locals"):
         lines += ["", "**py-spy --locals was ON: these dumps may hold prompts and secrets. Share with care.**"]
@@ -141,7 +143,13 @@ def gpu_manifest(gpu: GpuEvidence, findings: Findings) -> dict[str, Any]:
         said = corroborate(f.explanation.cls.value if f.explanation else "", reading)
         if said:
             ranks.append(f"{f.process.label}: {said}")
-    return {"readings": [r.to_json() for r in gpu.readings], "ranks": ranks, "lines": gpu.lines(),
+    # issue 10: the culprit GPU rank from stack classes, power, RAS and the Flight Recorder (gpu_culprit.py)
+    views = [RankView(f.explanation.name, f.process.ranks.get("TP"), f.explanation.cls.value, f.explanation.frames,
+                      r.state if (r := gpu_of(gpu.readings, f.process.pid)) else None)
+             for f in findings.processes if f.explanation is not None and f.process.role == "worker"]
+    c = gpu_culprit(views, gpu.ras, gpu.fr)
+    return {"culprit": c.culprit, "culprit_reason": c.reason, "culprit_sources": list(c.sources),
+            "readings": [r.to_json() for r in gpu.readings], "ranks": ranks, "lines": gpu.lines(),
             "ras": gpu.ras.verdict() if gpu.ras is not None else None, "flight_recorder": gpu.fr_verdict or None,
             "flight_recorder_seconds": round(gpu.fr_seconds, 2), "problems": list(gpu.problems)}
 
