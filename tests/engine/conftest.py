@@ -2,6 +2,9 @@
 
     engine_python: Path                       the engine venv's python (installed once if missing)
     fast_model / slow_model: Path             tiny random-weight models, generated once per machine
+    shared_vllm: VllmServer                   the session's shared fast server, proven healthy and quiet (a real
+                                              generation) before each test; for tests that leave it as they
+                                              found it (read, load, or freeze and continue a process)
     vllm(model=None, *, wait=True, ready_timeout=240.0, **opts) -> VllmServer
                                               started, and ready unless wait=False (then call
                                               server.wait_ready(timeout) yourself); `opts` go to VllmServer (e.g.
@@ -9,7 +12,11 @@
                                               extra_args=[...], env={...}); model defaults to the fast one
 
 Every server the `vllm` factory started is stopped in teardown, whether the test passed or not; a failed
-test gets the servers' log tails in its report. One vLLM at a time: the machine has 2 cores.
+test gets the servers' log tails in its report. One vLLM at a time: the machine has 2 cores. The shared server is
+stopped before the set-up of any engine test that does not use it (so before it can start a server of its own,
+a module-scoped fixture included), and at the end of the session; a test that fails with it, or leaves one of
+its processes stopped, has it stopped too. tests/conftest.py orders the engine tests so that those using the
+shared server run together (and those that end it, marked `ends_shared_server`, last among them).
 """
 
 from __future__ import annotations
@@ -22,7 +29,22 @@ import pytest
 
 from tests.harness import engine_env, models
 from tests.harness.server import VllmFactory, VllmServer
+from tests.harness.shared_server import SharedVllm
 from tests.harness.watcher import WatchdogProcess, quick_config
+
+_shared: list[SharedVllm] = []  # the session's pool, once a test has asked for the shared server
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """One vLLM at a time: stop the shared server before a test that does not use it sets anything up."""
+    if "shared_vllm" not in getattr(item, "fixturenames", ()):
+        for pool in _shared:
+            pool.release()
+
+
+def failed(node: pytest.Item) -> bool:
+    return any(getattr(getattr(node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -47,6 +69,38 @@ def slow_model(engine_python: Path) -> Path:
     return models.ensure_model(models.SLOW, engine_python)
 
 
+@pytest.fixture(scope="session")
+def shared_vllm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedVllm]:
+    pool = SharedVllm(tmp_path_factory.mktemp("shared-vllm"))
+    _shared.append(pool)
+    try:
+        yield pool
+    finally:
+        _shared.remove(pool)
+        pool.release()
+        _summary.append(f"shared vLLM: {pool.handed_out} tests served by {pool.started} servers"
+                        + "".join(f"\n  not reused: {why}" for why in pool.replaced))
+
+
+_summary: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _summary:
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def shared_vllm(request: pytest.FixtureRequest, shared_vllm_pool: SharedVllm, engine_python: Path,
+                fast_model: Path) -> Iterator[VllmServer]:
+    server = shared_vllm_pool.acquire(engine_python, fast_model)
+    yield server
+    if failed(request.node):
+        print(f"--- {server.name} (shared, {server.log_path}), last lines ---\n{server.log_tail(80)}")
+    if failed(request.node) or shared_vllm_pool.has_stopped_process():
+        shared_vllm_pool.release()  # a stopped process is continued (then ended) by stop()
+
+
 @pytest.fixture
 def vllm(request: pytest.FixtureRequest, engine_python: Path, tmp_path: Path) -> Iterator[VllmFactory]:
     servers: list[VllmServer] = []
@@ -54,6 +108,8 @@ def vllm(request: pytest.FixtureRequest, engine_python: Path, tmp_path: Path) ->
     def start(model: Path | None = None, *, wait: bool = True, ready_timeout: float = 240.0, **opts: Any) -> VllmServer:
         if any(s.is_alive() for s in servers):
             raise RuntimeError("one vLLM at a time (2 cores): stop() the previous server first")
+        for pool in _shared:
+            pool.release()
         server = VllmServer(
             engine_python,
             model or models.ensure_model(models.FAST, engine_python),
@@ -69,10 +125,9 @@ def vllm(request: pytest.FixtureRequest, engine_python: Path, tmp_path: Path) ->
 
     yield start
 
-    failed = any(getattr(getattr(request.node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
     errors: list[str] = []
     for server in servers:
-        if failed:
+        if failed(request.node):
             print(f"--- {server.name} ({server.log_path}), last lines ---\n{server.log_tail(80)}")
         try:
             server.stop()

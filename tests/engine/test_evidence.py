@@ -35,8 +35,8 @@ def functions(proc: dict[str, Any]) -> list[str]:
     return [f["function"].rsplit(".", 1)[-1] for f in proc["frames"]]
 
 
-def test_idle_engine(vllm: Callable[..., VllmServer], fast_model: Path, tmp_path: Path) -> None:
-    server = vllm(fast_model)
+def test_idle_engine(shared_vllm: VllmServer, tmp_path: Path) -> None:
+    server = shared_vllm
     code, m = dump(server.url, tmp_path / "incidents")
     assert code == 0, m
     procs = by_title(m)
@@ -53,10 +53,10 @@ def test_idle_engine(vllm: Callable[..., VllmServer], fast_model: Path, tmp_path
     assert m["versions"].get("vllm", "").startswith("0.32")
 
 
-def test_stopped_worker_under_load(vllm: Callable[..., VllmServer], fast_model: Path, tmp_path: Path) -> None:
-    server = vllm(fast_model)
+def test_stopped_worker_under_load(shared_vllm: VllmServer, tmp_path: Path) -> None:
+    server = shared_vllm
     with LoadGenerator(server.url, server.model_name, threads=4, duration=120, request_timeout=200):
-        time.sleep(5)
+        server.wait_running(1, 30)
         with frozen(server.process("VLLM::Worker_TP1")):
             time.sleep(2)
             code, m = dump(server.url, tmp_path / "incidents")
@@ -74,10 +74,10 @@ def test_stopped_worker_under_load(vllm: Callable[..., VllmServer], fast_model: 
     assert m["decision"] == "stuck"
 
 
-def test_stopped_engine_core_under_load(vllm: Callable[..., VllmServer], fast_model: Path, tmp_path: Path) -> None:
-    server = vllm(fast_model)
+def test_stopped_engine_core_under_load(shared_vllm: VllmServer, tmp_path: Path) -> None:
+    server = shared_vllm
     with LoadGenerator(server.url, server.model_name, threads=4, duration=120, request_timeout=200):
-        time.sleep(5)
+        server.wait_running(1, 30)
         with frozen(server.process("VLLM::EngineCore")):
             time.sleep(3)  # workers finish the step and park in the reader
             code, m = dump(server.url, tmp_path / "incidents")
@@ -93,28 +93,25 @@ Watch = Callable[..., WatchdogProcess]
 
 
 def test_daemon_writes_exactly_one_complete_bundle_on_a_freeze(
-        vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch) -> None:
-    server = vllm(fast_model)
+        shared_vllm: VllmServer, watch: Watch) -> None:
+    server = shared_vllm
     w = watch(server.url, suspect=5.0, window=60.0, extra="[capture]\ngap = 2.0\n")
     w.wait_for_state("idle", 60)
     with LoadGenerator(server.url, server.model_name, threads=4, duration=150, request_timeout=250):
         w.wait_for_state("working", 30)
-        time.sleep(3)
+        server.wait_running(1, 30)
         with frozen(server.process("VLLM::Worker_TP1")):
             stopped = time.time()
-            event = w.wait_for_state("frozen", 40, after=stopped)
-            assert "stacks confirm" in event["reason"], event  # confirmed by stacks, well before the 60 s window
-            deadline = time.monotonic() + 60
-            while not [e for e in w.events() if e.get("event") == "evidence_captured"]:
-                assert time.monotonic() < deadline, w.events()
-                time.sleep(0.5)
-            captured_after = time.time() - stopped
+            # deadlines, not measures (detection latency is bench/bench_engine.py's): the reason says who decided
+            event = w.wait_for_state("frozen", 60 + 30, after=stopped)
+            assert "stacks confirm" in event["reason"], event  # confirmed by stacks, not by the 60 s window
+            first = w.wait_event("evidence_captured", 60)
             time.sleep(5)  # still frozen: no second bundle for the same freeze
         w.wait_for_state("working", 60, after=event_time(event))
     captured = [e for e in w.events() if e.get("event") == "evidence_captured"]
-    assert len(captured) == 1, captured
+    assert captured == [first], captured
     assert captured[0]["complete"] and captured[0]["culprit"] == "Worker_TP1"
-    assert captured_after < 60
+    assert event_time(captured[0]) >= event_time(event)  # the bundle of the stack-confirmed freeze
     bundle = Path(captured[0]["bundle"])
     m = json.loads((bundle / "manifest.json").read_text())
     assert {"VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"} <= set(by_title(m))
@@ -134,7 +131,8 @@ def test_giant_prefill_step_is_suspected_then_cleared_by_the_stacks(
     took = time.monotonic() - t0
     assert result.ok, result
     assert took > 3.0 + 5, f"the step took only {took:.1f}s"
-    time.sleep(2)
+    first = w.wait_event("evidence_checked", 30)  # the suspicion during the step, decided by the stacks
+    assert first["decision"] == "working", first
     states = w.states()
     assert "suspect" in states, w.events()
     checked = [e for e in w.events() if e.get("event") == "evidence_checked"]
@@ -144,9 +142,9 @@ def test_giant_prefill_step_is_suspected_then_cleared_by_the_stacks(
     assert not (w.state_dir / "incidents").exists() or not list((w.state_dir / "incidents").iterdir())
 
 
-def test_without_pyspy_the_bundle_says_so_and_keeps_the_rest(vllm: Callable[..., VllmServer], fast_model: Path,
+def test_without_pyspy_the_bundle_says_so_and_keeps_the_rest(shared_vllm: VllmServer,
                                                              tmp_path: Path) -> None:
-    server = vllm(fast_model)
+    server = shared_vllm
     cfg = tmp_path / "nopyspy.toml"
     cfg.write_text('[capture]\npyspy = "/nonexistent/py-spy"\n')
     code, m = dump(server.url, tmp_path / "incidents", "--config", str(cfg))

@@ -11,7 +11,7 @@ import pytest
 from tests.harness.faults import frozen
 from tests.harness.load import LoadGenerator
 from tests.harness.metrics import watched
-from tests.harness.server import VllmFactory, VllmServer
+from tests.harness.server import VllmServer
 
 pytestmark = pytest.mark.engine
 
@@ -28,8 +28,8 @@ def wait_for(predicate: Callable[[], bool], timeout: float, period: float = 0.5)
     return predicate()
 
 
-def test_tp2_server_runs_its_processes_and_load_moves_the_counters(vllm: VllmFactory) -> None:
-    server: VllmServer = vllm()
+def test_tp2_server_runs_its_processes_and_load_moves_the_counters(shared_vllm: VllmServer) -> None:
+    server = shared_vllm
     procs = server.processes()
     assert set(procs) >= TITLES, sorted(procs)
     assert procs["api_server"].pid == server.pid
@@ -45,8 +45,9 @@ def test_tp2_server_runs_its_processes_and_load_moves_the_counters(vllm: VllmFac
     assert watched(server.metrics())[GEN] > before
 
 
-def test_frozen_worker_is_continued_and_stop_ends_the_whole_session(vllm: VllmFactory) -> None:
-    server: VllmServer = vllm()
+@pytest.mark.ends_shared_server
+def test_frozen_worker_is_continued_and_stop_ends_the_whole_session(shared_vllm: VllmServer) -> None:
+    server = shared_vllm  # stopped below: the pool starts another for a later user
     tp1 = server.process("VLLM::Worker_TP1")
 
     with LoadGenerator(server.url, server.model_name, threads=4, duration=120):

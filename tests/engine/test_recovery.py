@@ -16,6 +16,7 @@ import pytest
 from tests.harness.faults import frozen
 from tests.harness.load import LoadGenerator
 from tests.harness.restart_vllm import ScriptedServer, read_pid, stop_group
+from tests.harness.server import wait_running
 from tests.harness.watcher import WatchdogProcess, event_time, quick_config
 from tests.receiver import Receiver
 
@@ -83,7 +84,7 @@ def test_frozen_worker_is_captured_alerted_restarted_and_serving_again(
     wd, first_pid = watched(scripted, hook, tmp_path)
     try:
         with LoadGenerator(scripted.url, scripted.model.name, threads=4, duration=300, request_timeout=400):
-            time.sleep(3)
+            wait_running(scripted.url, 1, 30)
             with frozen(scripted.process("VLLM::Worker_TP1")):
                 started = wd.wait_event("restart_started", 180)
             recovered = wd.wait_event("recovered", 360)
@@ -127,6 +128,11 @@ def test_an_engine_that_exits_is_alerted_restarted_and_serving_again(
     finally:
         wd.stop()
     assert opened["kind"] == "down" and scripted.pid != first_pid
-    assert event_time(started) - event_time(opened) < 5.0, "down needs no stacks: the restart follows at once"
+    # down needs no stacks: nothing is taken or waited for between the incident and the restart (how soon the
+    # restart follows is a measure, bench/bench_recovery.py's "engine_exits" runs)
+    names = [e["event"] for e in wd.events() if e["event"] != "transition"]
+    between = names[names.index("incident_opened") + 1:names.index("restart_started")]
+    assert not [n for n in between if n.startswith("evidence")], between
+    assert started["incident"] == opened["incident"]
     assert recovered["incident"] == opened["incident"]
     assert alerts_sent(hook, 4) == ["engine_down", "restart_started", "recovered", "resolved"]

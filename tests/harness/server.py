@@ -23,6 +23,8 @@ from typing import IO, Any
 import psutil
 import requests
 
+from tests.harness.metrics import watched
+
 ROOT_TITLE = "api_server"
 BASE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache
@@ -37,6 +39,20 @@ BASE_ENV = {
 
 class ServerExited(RuntimeError):
     """The server's root process exited while we waited for it."""
+
+
+def wait_running(url: str, at_least: int = 1, timeout: float = 60.0) -> float:
+    """Wait until the page shows `at_least` requests running (load has reached the engine); return that count."""
+    deadline = time.monotonic() + timeout
+    running = 0.0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(requests.RequestException):
+            r = requests.get(f"{url}/metrics", timeout=5)
+            running = watched(r.text).get("vllm:num_requests_running", 0.0) if r.ok else 0.0
+            if running >= at_least:
+                return running
+        time.sleep(0.2)
+    raise TimeoutError(f"{url}: {running:.0f} requests running after {timeout:.0f} s, wanted {at_least}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -282,6 +298,9 @@ class VllmServer:
         r = requests.get(f"{self.url}/metrics", timeout=timeout)
         r.raise_for_status()
         return r.text
+
+    def wait_running(self, at_least: int = 1, timeout: float = 60.0) -> float:
+        return wait_running(self.url, at_least, timeout)
 
     def complete(self, prompt: str, max_tokens: int = 16, timeout: float = 120.0, **extra: Any) -> Any:
         """One blocking /v1/completions call; returns the decoded JSON body (raises on HTTP errors)."""
