@@ -87,30 +87,42 @@ def test_the_daemon_exports_and_traces_gpu_samples_and_replay_skips_them(tmp_pat
     d.events.close()
 
 
-def test_engine_processes_holding_a_gpu_get_native_stacks_the_others_do_not(tmp_path: Path) -> None:
-    """Their host thread waits in CUDA or NCCL, which only native frames show (real --native dumps of such waits
-    are in tests/data/gpu: *-pyspy-native.json)."""
+def test_engine_processes_holding_a_gpu_get_a_native_dump_beside_the_rounds(tmp_path: Path) -> None:
+    """Their host thread waits in CUDA or NCCL, which only native frames show: one --native dump each, after the two
+    plain rounds that decide (native frames churn inside a wait: compared, they would read as movement)."""
+    from tests.unit.test_evidence_bundle import ENGINE_WAITING, WORKER_ALLREDUCE, pyspy_json
     from watchdog.config.load import Config
     from watchdog.evidence.capture import Capturer
     from watchdog.evidence.investigate import Investigator
     from watchdog.scrape.engine_http import EngineHTTP
 
+    native_tp1 = json.loads((DATA / "spin-pyspy-native.json").read_text())  # a real host blocked in a device sync
     calls: list[list[str]] = []
 
     def runner(argv: list[str], timeout: float) -> tuple[int, str, str]:
         calls.append(list(argv))
-        return 1, "", "Error: no such process"
+        pid = int(argv[argv.index("--pid") + 1])
+        if "--native" in argv:
+            return 0, json.dumps(native_tp1) if pid == TP1.pid else pyspy_json(pid, WORKER_ALLREDUCE), ""
+        return 0, pyspy_json(pid, ENGINE_WAITING if pid == ENGINE.pid else WORKER_ALLREDUCE), ""
 
     rounds = two_rank_hang()
     now = rounds[-1][0].t
     monitor = GpuMonitor(FakeGpuSource(rounds), keep_seconds=1e12, clock=lambda: now)
     for _ in rounds:
         monitor.tick()
-    cfg = Config().with_overrides(capture={"rounds": 1, "gap": 0.1})
+    cfg = Config().with_overrides(capture={"rounds": 2, "gap": 0.1})
     inv = Investigator(cfg, EngineHTTP("http://127.0.0.1:9"), finder=lambda: [ENGINE, TP0, TP1],
                        capturer=Capturer("py-spy", runner=runner), gpu=monitor)
     evidence = inv.investigate(work_pending=True)
-    native = {int(a[a.index("--pid") + 1]) for a in calls if "--native" in a}
-    plain = {int(a[a.index("--pid") + 1]) for a in calls if "--native" not in a}
-    assert native == {TP0.pid, TP1.pid} and plain == {ENGINE.pid}
-    assert evidence.capture.options["native_pids"] == [TP0.pid, TP1.pid]
+    native = [int(a[a.index("--pid") + 1]) for a in calls if "--native" in a]
+    plain = [int(a[a.index("--pid") + 1]) for a in calls if "--native" not in a]
+    assert sorted(native) == [TP0.pid, TP1.pid]  # once each, after the rounds
+    assert sorted(plain) == sorted([ENGINE.pid, TP0.pid, TP1.pid] * 2)
+    by_pid = {f.process.pid: f for f in evidence.findings.processes}
+    assert by_pid[TP1.pid].native is not None and by_pid[TP1.pid].native.cls.value == "device_wait"
+    assert by_pid[ENGINE.pid].native is None
+    path = write_bundle(tmp_path, incident(now), evidence.capture, evidence.findings, context())
+    m = json.loads((path / "manifest.json").read_text())
+    assert any(f.startswith("dumps/native-") for f in m["files"])
+    assert next(p for p in m["processes"] if p["pid"] == TP1.pid)["native"]["class"] == "device_wait"

@@ -61,6 +61,8 @@ def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
         "threads": dumps[0].facts.threads if dumps and dumps[0].facts else None,
         "nonblocking": any(d.nonblocking for d in dumps), "error": f.error or None,
         "failures": sorted({d.failure.value for d in dumps if d.failure is not None}),
+        "native": None if f.native is None else {"class": f.native.cls.value, "why": f.native.why,
+                                                 "frames": _frames(f.native.frames)},
     }
 
 
@@ -140,11 +142,13 @@ def gpu_manifest(gpu: GpuEvidence, findings: Findings) -> dict[str, Any]:
     ranks = []
     for f in findings.processes:
         reading = gpu_of(gpu.readings, f.process.pid)
-        said = corroborate(f.explanation.cls.value if f.explanation else "", reading)
+        e = f.native or f.explanation
+        said = corroborate(e.cls.value if e else "", reading)
         if said:
             ranks.append(f"{f.process.label}: {said}")
     # issue 10: the culprit GPU rank from stack classes, power, RAS and the Flight Recorder (gpu_culprit.py)
-    views = [RankView(f.explanation.name, f.process.ranks.get("TP"), f.explanation.cls.value, f.explanation.frames,
+    views = [RankView(f.explanation.name, f.process.ranks.get("TP"), (f.native or f.explanation).cls.value,
+                      (f.native or f.explanation).frames,  # a GPU rank's waits are in its native frames
                       r.state if (r := gpu_of(gpu.readings, f.process.pid)) else None)
              for f in findings.processes if f.explanation is not None and f.process.role == "worker"]
     c = gpu_culprit(views, gpu.ras, gpu.fr)
@@ -171,10 +175,11 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
         partial.mkdir(mode=0o700)
         (partial / "dumps").mkdir(mode=0o700)
         files: list[str] = []
-        for i, rnd in enumerate(capture.rounds, 1):
+        for i, rnd in [*enumerate(capture.rounds, 1), ("native", capture.native)]:
             for pid, dump in rnd.items():
                 title = next((p.title for p in capture.processes if p.pid == pid), "") or "process"
-                name = f"dumps/round{i}-{pid}-{title.replace('::', '-').replace('/', '_')}.json"
+                which = f"round{i}" if isinstance(i, int) else str(i)
+                name = f"dumps/{which}-{pid}-{title.replace('::', '-').replace('/', '_')}.json"
                 _write(partial / name, dump.output if dump.ok else json.dumps({"error": dump.error}))
                 files.append(name)
         for name, text in (("metrics.txt", context.metrics_page), ("log-tail.txt", context.log_tail),

@@ -92,14 +92,14 @@ class Capturer:
         self.with_locals = with_locals
         self.runner = runner
         self.clock = clock
-        self.native_pids: frozenset[int] = frozenset()  # --native for these too (processes holding a GPU)
 
-    def dump_one(self, pid: int) -> Dump:
+    def dump_one(self, pid: int, native: bool | None = None) -> Dump:
+        """One dump; ``native`` overrides the capturer's own --native setting for this one."""
         t0 = self.clock()
         facts = proc_facts(pid)
         if self.pyspy is None:
             return Dump(pid, t0, False, "", MISSING_HINT, facts=facts, failure=Failure.MISSING)
-        native = self.native or pid in self.native_pids
+        native = self.native if native is None else native
         rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, native)
         note, degraded = "", None
         if native and not (rc == 0 and out.strip()) and self._kind(pid, rc, err) == Failure.OTHER:
@@ -155,20 +155,20 @@ class Capturer:
                     "if it is only slow")
         return f"py-spy failed (exit {rc}): {err.strip()[:300]}"
 
-    def dump_all(self, pids: Sequence[int]) -> dict[int, Dump]:
+    def dump_all(self, pids: Sequence[int], native: bool | None = None) -> dict[int, Dump]:
         if not pids:
             return {}
         with ThreadPoolExecutor(max_workers=min(16, len(pids)), thread_name_prefix="pyspy") as pool:
-            return dict(zip(pids, pool.map(self.dump_one, pids), strict=True))
+            return dict(zip(pids, pool.map(lambda pid: self.dump_one(pid, native), pids), strict=True))
 
     def dump_serial(self, pids: Sequence[int]) -> dict[int, Dump]:
         return {pid: self.dump_one(pid) for pid in pids}
 
     def capture(self, processes: Sequence[EngineProcess], rounds: int = 2, gap: float = 3.0,
                 sleep: Callable[[float], None] = time.sleep, native_pids: frozenset[int] = frozenset()) -> Capture:
-        """Every process, ``rounds`` times, ``gap`` apart; ``native_pids`` (processes holding a GPU) with --native:
-        their host thread waits in CUDA or NCCL, which only native frames show."""
-        self.native_pids = native_pids
+        """Every process, ``rounds`` times, ``gap`` apart; then one --native dump of each of ``native_pids`` (processes
+        holding a GPU: their host thread waits in CUDA or NCCL, which only native frames show). The rounds decide;
+        the native dumps explain (native frames churn inside a wait, so they are never compared)."""
         pids = [p.pid for p in processes]
         taken: list[dict[int, Dump]] = []
         for i in range(rounds):
@@ -178,7 +178,9 @@ class Capturer:
         problems = sorted({d.error for r in taken for d in r.values() if d.failure is not None or not d.ok})
         if not processes:
             problems.append("no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)")
-        options: dict[str, object] = {"native": self.native, "native_pids": sorted(native_pids),
+        extra = [] if self.native else sorted(native_pids)  # with capture.native every round is native already
+        native = self.dump_all(extra, native=True)
+        options: dict[str, object] = {"native": self.native, "native_pids": extra,
                                       "locals": self.with_locals, "rounds": rounds,
                                       "gap_seconds": gap, "pyspy": self.pyspy}
-        return Capture(tuple(processes), tuple(taken), tuple(problems), options)
+        return Capture(tuple(processes), tuple(taken), tuple(problems), options, native)

@@ -71,6 +71,7 @@ class ProcessFinding:
     error: str  # why there is no explanation
     last_cls: Cls | None = None  # the class at the last capture (None: not two good captures)
     gap: float | None = None  # seconds between its first and last dump
+    native: ProcessExplanation | None = None  # its --native dump explained (a process holding a GPU), if taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,10 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
         error = ""
         if len(capture.rounds) >= 2 and moved is None:  # unknown whether it moved: the capture is incomplete
             error = (dumps[-1].error if len(dumps) >= 2 else "") or "no readable dump in the last round"
-        found.append(ProcessFinding(proc, expl, moved, cpu, state, error, last_cls, gap))
+        native = capture.native.get(proc.pid)
+        native_stack = _stack(native, proc) if native is not None else None
+        found.append(ProcessFinding(proc, expl, moved, cpu, state, error, last_cls, gap,
+                                    classify(native_stack, proc.role, state) if native_stack else None))
     expls = [f.explanation for f in found if f.explanation is not None]
     moved_by_name = {f.explanation.name: bool(f.moved) for f in found if f.explanation is not None}
     engine_procs = [f for f in found if f.process.role in ENGINE_ROLES]

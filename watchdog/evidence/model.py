@@ -70,6 +70,9 @@ class Capture:
     rounds: tuple[dict[int, Dump], ...]  # one dict per capture round, by pid
     problems: tuple[str, ...] = ()
     options: dict[str, object] = field(default_factory=dict)
+    # one --native dump of each process holding a GPU, after the rounds: evidence beside the Python stacks (their
+    # host waits are in CUDA/NCCL frames); the rounds, not these, decide (native frames churn inside a wait)
+    native: dict[int, Dump] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
