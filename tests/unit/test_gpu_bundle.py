@@ -126,3 +126,42 @@ def test_engine_processes_holding_a_gpu_get_a_native_dump_beside_the_rounds(tmp_
     m = json.loads((path / "manifest.json").read_text())
     assert any(f.startswith("dumps/native-") for f in m["files"])
     assert next(p for p in m["processes"] if p["pid"] == TP1.pid)["native"]["class"] == "device_wait"
+
+
+def test_configured_recorder_prefixes_stand_in_for_an_environ_setproctitle_overwrote(tmp_path: Path) -> None:
+    """Seen on the two-H200 run: setproctitle overwrote /proc/PID/environ, so the recorder's settings could not be
+    read there. The configured prefixes are used instead: the pipe is asked and the dump read back, for real."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from watchdog.evidence.fr_trigger import trigger
+    from watchdog.evidence.gpu_evidence import _fr_configs
+    from watchdog.evidence.model import EngineProcess
+    from watchdog.evidence.roles import Role
+
+    pipe_prefix, dump_prefix = str(tmp_path / "pipe_"), str(tmp_path / "fr_")
+    os.mkfifo(pipe_prefix + "0.pipe")
+    dump = (DATA / "nccl-fr-stalled-rank0.pickle").read_bytes()
+
+    def recorder() -> None:  # what torch's recorder thread does: a line on the pipe, then the dump file
+        with open(pipe_prefix + "0.pipe", "rb") as f:
+            f.readline()
+        (tmp_path / "fr_0").write_bytes(dump)
+
+    thread = threading.Thread(target=recorder, daemon=True)
+    thread.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"PATH": os.environ["PATH"]},
+                             start_new_session=True)
+    try:
+        proc = EngineProcess(child.pid, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})
+        assert _fr_configs([proc], GpuSection()) is None  # unset: each environ as it is
+        configs = _fr_configs([proc], GpuSection(fr_pipe_prefix=pipe_prefix, fr_dump_prefix=dump_prefix))
+        assert configs is not None and configs[child.pid] is not None
+        t = trigger([child.pid], None, 10.0, configs=configs)
+    finally:
+        child.kill()
+        child.wait(10)
+    thread.join(10)
+    assert [(r.rank, r.data == dump) for r in t.ranks] == [(0, True)]

@@ -20,6 +20,10 @@ class GpuSection:
     flight_recorder: bool = True  # on a freeze, make every rank's Flight Recorder dump (when its pipe is set)
     fr_settle: float = 10.0  # wait at most this long for the dumps before anything is restarted
     native: bool = True  # py-spy --native for engine processes holding a GPU (their waits are in CUDA/NCCL frames)
+    # The recorder's pipe and dump prefixes (TORCH_NCCL_DEBUG_INFO_PIPE_FILE, TORCH_FR_DUMP_TEMP_FILE) for engines whose
+    # /proc/PID/environ does not show them (vLLM's setproctitle can overwrite it; or start the engine with SPT_NOENV=1)
+    fr_pipe_prefix: str = ""
+    fr_dump_prefix: str = ""
 
 
 def ras_host_port(address: str) -> tuple[str, int]:
@@ -43,3 +47,5 @@ def check_gpu(g: GpuSection) -> None:
     if g.fr_settle > 60:
         raise ValueError(f"gpu.fr_settle must be at most 60 s (a restart waits for it), got {g.fr_settle!r}")
     ras_host_port(g.ras_address)
+    if bool(g.fr_pipe_prefix) != bool(g.fr_dump_prefix):
+        raise ValueError("gpu.fr_pipe_prefix and gpu.fr_dump_prefix go together (the pipe to ask, the file it writes)")

@@ -65,7 +65,9 @@ def fr_config(env: Mapping[str, str]) -> FrConfig:
         size, raw = 0, ""
         problems.append("TORCH_FR_BUFFER_SIZE is not a number")
     if size <= 0:
-        problems.append("the Flight Recorder is off (TORCH_FR_BUFFER_SIZE unset or 0)")
+        problems.append("the Flight Recorder is off (TORCH_FR_BUFFER_SIZE unset or 0 in /proc/PID/environ; a process "
+                        "titled with setproctitle, as vLLM's are, may have had its environ overwritten: start the "
+                        "engine with SPT_NOENV=1, or set gpu.fr_pipe_prefix and gpu.fr_dump_prefix)")
     pipe = first("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
     if not pipe:
         problems.append("no dump pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE unset): the recorder cannot be asked to dump")

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from watchdog.config.gpu import GpuSection, ras_host_port
-from watchdog.evidence.flight_recorder import DumpError, FrSummary, cross_rank_fr, load_dump, summarize
-from watchdog.evidence.fr_trigger import trigger
+from watchdog.evidence.flight_recorder import DumpError, FrConfig, FrSummary, cross_rank_fr, load_dump, summarize
+from watchdog.evidence.fr_trigger import config_of, trigger
 from watchdog.evidence.gpu import GpuReading, GpuSample, GpuThresholds, attach_ranks, read_all, summary_line
 from watchdog.evidence.gpu_nvml import GpuMonitor
 from watchdog.evidence.model import EngineProcess
@@ -75,7 +75,7 @@ def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, c
     verdict, fr_seconds = "", 0.0
     if freeze and cfg.flight_recorder and processes:
         # every rank's pipe under each process's prefix: a title's TP/PP numbers are not the global rank
-        t = trigger([p.pid for p in processes], None, cfg.fr_settle)
+        t = trigger([p.pid for p in processes], None, cfg.fr_settle, configs=_fr_configs(processes, cfg))
         fr_seconds = t.seconds
         problems.extend(t.problems)
         for r in t.ranks:
@@ -90,6 +90,19 @@ def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, c
         verdict = cross_rank_fr(summaries)
     return GpuEvidence(tuple(samples), tuple(readings), ras_text, ras, dumps, tuple(summaries), verdict, fr_seconds,
                        tuple(dict.fromkeys(problems)))
+
+
+def _fr_configs(processes: Sequence[EngineProcess], cfg: GpuSection) -> dict[int, FrConfig | None] | None:
+    """The configured prefixes stand in for an environ that does not show the recorder (setproctitle clobbered
+    it); None: read every process's environ as it is."""
+    if not cfg.fr_pipe_prefix:
+        return None
+    out: dict[int, FrConfig | None] = {}
+    for p in processes:
+        seen = config_of(p.pid)
+        out[p.pid] = seen if seen is not None and seen.can_dump else FrConfig(
+            1, cfg.fr_pipe_prefix, cfg.fr_dump_prefix, ("from gpu.fr_pipe_prefix: the environ did not show it",))
+    return out
 
 
 def write_gpu_files(directory: Path, ev: GpuEvidence) -> list[str]:
