@@ -17,8 +17,9 @@ from watchdog.act.alerts import Alert, Dispatcher, build_dispatcher
 from watchdog.act.heartbeat import Heartbeat
 from watchdog.act.recovery import RecoveryRunner
 from watchdog.act.respond import Responder
-from watchdog.act.restart import Restarter, RestartOutcome, describe
+from watchdog.act.restart import LocalRunner, Restarter, RestartOutcome, describe
 from watchdog.config.load import Config, Secret
+from watchdog.nodes.remote import node_runners
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.probe import generate_once
 from watchdog.types import State, Verdict, base_url, incident_id
@@ -40,7 +41,9 @@ class Act:
         hb_url = Secret(a.heartbeat_url) if a.heartbeat_url else cfg.secret(
             "alerts.heartbeat_url", a.heartbeat_url_env, a.heartbeat_url_file)
         self.heartbeat = Heartbeat(hb_url, a.heartbeat_interval)
-        restarter = Restarter(cfg.restart) if cfg.restart.steps else None
+        # a step on another node runs there, through its agent ([[nodes]]; watchdog.nodes.remote.SshRunner)
+        runners = {"local": LocalRunner(), **node_runners(cfg)} if cfg.nodes else None
+        restarter = Restarter(cfg.restart, runners) if cfg.restart.steps else None
 
         def generate() -> tuple[bool, bool, str]:
             ok, answered, detail, _model = generate_once(http, cfg.probe.timeout, cfg.probe.model)

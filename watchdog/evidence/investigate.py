@@ -23,6 +23,7 @@ from watchdog.evidence.gpu_evidence import gather_gpu
 from watchdog.evidence.gpu_nvml import GpuMonitor
 from watchdog.evidence.model import Capture, EngineProcess
 from watchdog.evidence.roles import Role
+from watchdog.nodes.remote import RemoteEvidence
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.page import PageError, read_page
 
@@ -45,6 +46,7 @@ class Investigator:
         self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter))
         self.capturer = capturer or Capturer(find_pyspy(c.pyspy), c.timeout, c.native, c.locals)
         self.incidents_dir = Path(cfg.state.dir) / "incidents"
+        self.remote = RemoteEvidence(cfg) if cfg.nodes else None  # [[nodes]]: their stacks and context too
 
     def preflight(self) -> list[str]:
         """What would stop a capture, known before any incident: say it at start, not at 3 a.m."""
@@ -74,8 +76,12 @@ class Investigator:
         t0 = time.monotonic()
         page = self.page_work(engine)  # at suspicion, before the capture's gap: livelock and admission-stall rules
         processes = self.finder()
-        capture = self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap,
-                                        native_pids=self._gpu_holders(processes))
+        def local() -> Capture:
+            return self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap,
+                                         native_pids=self._gpu_holders(processes))
+
+        # every other node's capture runs beside ours, merged into one (watchdog.nodes.remote)
+        capture = self.remote.capture_with(local) if self.remote is not None else local()
         findings = assess(capture, work_pending, page)
         seconds = time.monotonic() - t0
         log.info("stacks of %d processes in %.1fs: %s (%s)", len(processes), seconds, findings.decision.value,
@@ -99,6 +105,8 @@ class Investigator:
                          self.capturer.pyspy)
         if problem:
             context = replace(context, problems=(*context.problems, problem))
+        if self.remote is not None:
+            context = self.remote.context(context)
         wall = time.time()
         inc = BundleHeader(incident, engine, state, reason, self.base, wall)
         root = root or self.incidents_dir

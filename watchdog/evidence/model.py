@@ -22,7 +22,8 @@ class EngineProcess:
     def label(self) -> str:
         """A short, unique-ish name for reports: the title when it has one, and its node when not this host."""
         name = self.title if self.title else f"{self.role}[{self.real_pid}]"
-        return name if self.node == "local" else f"{name} on node {self.node}"
+        where = f" on node {self.node}"
+        return name if self.node == "local" or name.endswith(where) else name + where
 
     @property
     def real_pid(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from watchdog.evidence.roles import ENGINE_ROLES
 from watchdog.nodes.protocol import RankState
 from watchdog.types import State, Verdict
 
@@ -33,7 +34,7 @@ def view(node: str, ranks: tuple[RankState, ...] | None, age: float | None, stal
     if ranks is None or age is None or age > stale:
         why = error or ("no liveness report yet" if age is None else f"no liveness report for {age:.0f}s")
         return NodeView(node, "blind", f"cannot see node {node}: {why}", ranks or ())
-    engine = [r for r in ranks if r.role in ("worker", "engine_core", "scheduler")]
+    engine = [r for r in ranks if r.role in ENGINE_ROLES]
     lost = [r for r in engine if r.state in ("gone", "zombie")]
     if lost:
         names = ", ".join(f"{r.title} (pid {r.pid}) {'exited' if r.state == 'gone' else 'is a zombie'}"

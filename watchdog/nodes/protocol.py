@@ -90,8 +90,9 @@ def process_from_json(d: dict[str, Any], node: str, key: int | None = None) -> E
     try:
         pid = int(d["pid"])
         ranks = {str(k): int(v) for k, v in dict(d.get("ranks") or {}).items()}
-        return EngineProcess(key if key is not None else pid, Role(d["role"]), str(d.get("title", "")), ranks,
-                             d.get("ppid"), node=node, node_pid=pid)
+        title = str(d.get("title", ""))  # named with its node, so the summary and the culprit say where it runs
+        return EngineProcess(key if key is not None else pid, Role(d["role"]), f"{title} on node {node}" if title
+                             else "", ranks, d.get("ppid"), node=node, node_pid=pid)
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"bad process in the agent's answer: {e}") from None
 

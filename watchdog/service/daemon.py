@@ -27,6 +27,8 @@ from watchdog.evidence.coordinator import EvidenceCoordinator
 from watchdog.evidence.deadline_read import read_deadlines
 from watchdog.evidence.gpu_nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.investigate import EvidenceRunner, Investigator
+from watchdog.nodes.liveness import overlay
+from watchdog.nodes.watch import NodeWatch
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.trace import TraceWriter
 from watchdog.service.events import EventLog, log_transition, transition_record
@@ -64,6 +66,7 @@ class Daemon:
         self._gpu_seen = 0.0  # wall time of the last GPU sample exported and traced
         self.evidence: EvidenceCoordinator | None = None
         self.act: Act | None = None
+        self.nodes: NodeWatch | None = None  # [[nodes]]: every other node's ranks, for the verdicts
         self._status_seen: object = None
         self._status_written = 0.0
         self._faults_alerted: set[str] = set()
@@ -97,6 +100,8 @@ class Daemon:
             self.evidence = EvidenceCoordinator(self.runner, self.cfg.judge.stall_window, self._incident_for)
         if not once:
             self._read_deadlines()
+        if self.cfg.nodes and not once:
+            self.nodes = NodeWatch(self.cfg.nodes)
         self._install_signals()
         log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s", self.url,
                  self.cfg.scrape.interval, self.cfg.judge.suspect_after, self.cfg.judge.stall_window, self.state_dir)
@@ -125,6 +130,8 @@ class Daemon:
                 self.gpu.stop()
             if self.act is not None:
                 self.act.close()
+            if self.nodes is not None:
+                self.nodes.close()
             self._restore_signals()
             self.events.close()
             if self._trace is not None:
@@ -245,6 +252,13 @@ class Daemon:
         if self.act is None:
             return
         verdicts = watcher.judge.verdicts()
+        if self.nodes is not None:  # a rank lost on another node is down; a node not seen makes it blind
+            views = self.nodes.views()
+            for v in self.nodes.changes(views):
+                log.warning("node %s: %s: %s", v.node, v.status, v.reason)
+                self._event({"time": iso(time.time()), "stack": self.cfg.engine.name, "event": "node_state",
+                             "node": v.node, "state": v.status, "reason": v.reason})
+            verdicts = overlay(verdicts, views)
         status = self.act.step(verdicts, watcher.clock())
         self.exporter.set_response(status)
         # written when something an operator would see changed, else every few seconds (`status` tells a stale file)

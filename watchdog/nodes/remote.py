@@ -1,0 +1,144 @@
+"""The other nodes in the evidence and act stages: their captures beside ours, their context in the bundle, their
+restart steps run there.
+
+- `RemoteEvidence.capture_with(local)`: the local capture and every node's (``stacks`` through its agent: two
+  rounds, the same gap) run in parallel and are merged into one `Capture`; another node's process is keyed by
+  ``node index << 23 | pid`` (pids of two nodes collide; a pid is below 2**22) and keeps its own pid and node;
+  a node that cannot be reached is a capture problem naming it, never silence;
+- `RemoteEvidence.context(base)`: each node's log tail, versions, /dev/shm segments and clock offset added to the
+  bundle's context;
+- `SshRunner`: a restart `Runner` for one node (the agent runs the command only if that node's config allows it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from watchdog.act.restart import RunResult
+from watchdog.config.load import Config
+from watchdog.evidence.context import Context
+from watchdog.evidence.model import Capture, Dump, EngineProcess
+from watchdog.nodes.protocol import ProtocolError, dump_from_json, process_from_json
+from watchdog.nodes.transport import NodeError, NodeLink
+
+KEY_SHIFT = 23
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapture:
+    node: str
+    processes: tuple[EngineProcess, ...] = ()
+    rounds: tuple[dict[int, Dump], ...] = ()
+    problems: tuple[str, ...] = ()
+    clock_offset: float | None = None  # the node's wall clock minus ours, seconds (half a round trip of error)
+
+
+class RemoteEvidence:
+    def __init__(self, cfg: Config, links: dict[str, NodeLink] | None = None) -> None:
+        self.cfg = cfg
+        self.links = links if links is not None else {n.name: NodeLink(n) for n in cfg.nodes}
+        self.offsets: dict[str, float] = {}
+
+    def _capture(self, index: int, name: str) -> NodeCapture:
+        c = self.cfg.capture
+        args = {"rounds": c.rounds, "gap": c.gap, "timeout": c.timeout, "native": c.native, "locals": c.locals}
+        budget = c.rounds * (2 * c.timeout) + c.gap * c.rounds + 15
+        sent = time.time()
+        try:
+            a = self.links[name].call("stacks", args, timeout=budget)
+            got = time.time()
+            cap = a["capture"]
+            keys: dict[int, int] = {}
+            procs = []
+            for d in cap["processes"]:
+                key = ((index + 1) << KEY_SHIFT) | int(d["pid"])
+                keys[int(d["pid"])] = key
+                procs.append(process_from_json(d, name, key))
+            rounds = tuple({keys[int(x["pid"])]: dump_from_json(x, keys[int(x["pid"])], 0.0)
+                            for x in r if int(x["pid"]) in keys} for r in cap["rounds"])
+            self.offsets[name] = round(float(a["wall"]) - (sent + got) / 2, 3)
+            problems = tuple(f"node {name}: {p}" for p in cap.get("problems", []))
+            return NodeCapture(name, tuple(procs), rounds, problems, self.offsets[name])
+        except (NodeError, ProtocolError, KeyError, TypeError, ValueError) as e:
+            return NodeCapture(name, problems=(f"node {name}: no stacks: {e}",))
+
+    def capture_with(self, local: Callable[[], Capture]) -> Capture:
+        names = list(self.links)
+        with ThreadPoolExecutor(max_workers=len(names) + 1, thread_name_prefix="node-capture") as pool:
+            mine = pool.submit(local)
+            theirs = [pool.submit(self._capture, i, n) for i, n in enumerate(names)]
+            base = mine.result()
+            remote = [f.result() for f in theirs]
+        return merge(base, remote)
+
+    def context(self, base: Context) -> Context:
+        tails, versions, problems = [base.log_tail], dict(base.versions), list(base.problems)
+        for name, link in self.links.items():
+            node = next(n for n in self.cfg.nodes if n.name == name)
+            try:
+                a = link.call("context", {"lines": node.log_lines})
+            except NodeError as e:
+                problems.append(f"node {name}: no context: {e.message}")
+                continue
+            tails.append(f"\n===== node {name}: {a.get('log_source') or 'no log configured there'} =====\n"
+                         + str(a.get("log_tail", "")))
+            for k, v in dict(a.get("versions", {})).items():
+                versions[f"{k} (node {name})"] = str(v)
+            if name in self.offsets:
+                versions[f"clock offset s (node {name})"] = str(self.offsets[name])
+            if a.get("shm"):
+                versions[f"shm segments (node {name})"] = str(len(a["shm"]))
+            if a.get("problem"):
+                problems.append(f"node {name}: {a['problem']}")
+        return replace(base, log_tail="".join(tails), versions=versions, problems=tuple(problems))
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+
+
+def merge(base: Capture, remote: Sequence[NodeCapture]) -> Capture:
+    processes = list(base.processes)
+    rounds = [dict(r) for r in base.rounds]
+    problems = list(base.problems)
+    if not base.processes and any(r.processes for r in remote):  # "nothing found" meant here only
+        problems = [p for p in problems if not p.startswith("no engine process found")]
+    for r in remote:
+        processes.extend(r.processes)
+        for i, rnd in enumerate(r.rounds):
+            if i < len(rounds):
+                rounds[i].update(rnd)
+        problems.extend(r.problems)
+    options: dict[str, Any] = {**base.options, "nodes": {r.node: {"processes": len(r.processes),
+                                                                  "clock_offset_s": r.clock_offset}
+                                                         for r in remote}}
+    return Capture(tuple(processes), tuple(rounds), tuple(problems), options)
+
+
+class SshRunner:
+    """Runs a restart command on one node through its agent (which runs it only if that node allows it)."""
+
+    def __init__(self, link: NodeLink) -> None:
+        self.link = link
+
+    def __call__(self, argv: Sequence[str], timeout: float) -> RunResult:
+        started = time.monotonic()
+        try:
+            a = self.link.call("run", {"argv": list(argv), "timeout": timeout}, timeout=timeout + 15)
+        except NodeError as e:
+            return RunResult(tuple(argv), None, time.monotonic() - started, e.kind == "timeout",
+                             error=f"on node {self.link.node.name}: {e.message}")
+        rc = a.get("rc")
+        return RunResult(tuple(argv), rc if isinstance(rc, int) else None, float(a.get("duration", 0.0)),
+                         bool(a.get("timed_out")), str(a.get("output", "")),
+                         (f"on node {self.link.node.name}: {a['error']}" if a.get("error") else ""))
+
+
+def node_runners(cfg: Config, links: dict[str, NodeLink] | None = None) -> dict[str, Any]:
+    """A restart runner per node named in the config ("local" is the caller's own)."""
+    links = links if links is not None else {n.name: NodeLink(n) for n in cfg.nodes}
+    return {name: SshRunner(link) for name, link in links.items()}
