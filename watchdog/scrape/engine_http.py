@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ class EngineHTTP:
         self.session.max_redirects = self.limits.max_redirects
         self.session.trust_env = False
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._closers: list[Callable[[], None]] = []
 
     def get(self, path: str, *, accept: str = "*/*", read_timeout: float | None = None,
             max_bytes: int | None = None) -> Reply:
@@ -124,8 +126,18 @@ class EngineHTTP:
             raise HttpFailure(kind, f"reading {what} failed after {size} bytes: {short(str(e))}") from None
         return b"".join(chunks)
 
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return dict(self._auth)
+
+    def close_with(self, close: Callable[[], None]) -> None:
+        """Close something else that speaks to the engine (the scrape's own socket) when this session closes."""
+        self._closers.append(close)
+
     def close(self) -> None:
         self.session.close()
+        for close in self._closers:
+            close()
 
 
 def short(text: str, limit: int = 200) -> str:

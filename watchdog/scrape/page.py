@@ -49,9 +49,15 @@ _WANTED: Mapping[str, tuple[str, str]] = {
     **{name: ("counter", (_LEGACY_PREFIX if name in LEGACY else "") + f) for name, f in COUNTERS.items()},
 }
 
-# A wanted series' line: its name at the start of a line, followed by labels or white space.
+# A wanted series' line: its name after a newline, followed by labels or white space. Every wanted name starts
+# with "vllm:", so the pattern starts with the literal "\nvllm:" and re skips to each occurrence at C speed (a
+# `^` in MULTILINE mode is tried at every character: 8x slower on a 53 KB page, measured). The page is searched
+# with a newline in front, so its first line counts too; group 1 is the name without the prefix.
+_PREFIX = "vllm:"
+assert all(n.startswith(_PREFIX) for n in _WANTED)
 _WANTED_LINE = re.compile(
-    "^(" + "|".join(re.escape(n) for n in sorted(_WANTED, key=len, reverse=True)) + r")(?=[{ \t])[^\n]*", re.M
+    "\n" + _PREFIX + "(" + "|".join(re.escape(n[len(_PREFIX):]) for n in sorted(_WANTED, key=len, reverse=True))
+    + r")(?=[{ \t])[^\n]*"
 )
 
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -121,17 +127,18 @@ def read_page(text: str) -> PageReading:
     poisoned: set[tuple[str, str]] = set()  # (engine, counter) with a non-finite part: unusable
     # Only the wanted lines are visited: one C-level regex scan finds them; the rest of the page is skipped.
     vllm_series = text.count("\nvllm:") + text.startswith("vllm:")
-    for m in _WANTED_LINE.finditer(text):
-        line = m.group(0)
-        wanted = _WANTED[m.group(1)]
+    padded = "\n" + text  # positions in `padded` are one past those in `text`
+    for m in _WANTED_LINE.finditer(padded):
+        line = m.group(0)[1:]
+        wanted = _WANTED[_PREFIX + m.group(1)]
         try:
             name, label_text, value = _split_sample(line)
             labels = _parse_labels(label_text) if label_text else {}
         except PageError as e:
-            raise PageError(e.kind, f"line {text.count(chr(10), 0, m.start()) + 1}: {e.message}") from None
+            raise PageError(e.kind, f"line {padded.count(chr(10), 0, m.start() + 1)}: {e.message}") from None
         key = (name, tuple(sorted(labels.items())))
         if key in seen:
-            line_no = text.count("\n", 0, m.start()) + 1
+            line_no = padded.count("\n", 0, m.start() + 1)
             raise PageError("duplicate", f"line {line_no}: series {name}{{{label_text}}} appears twice")
         seen.add(key)
         engine = labels.get("engine", DEFAULT_ENGINE)

@@ -1,0 +1,141 @@
+"""Where a pass of `watchdog run` spends its CPU, against a real page served from another process.
+
+    .venv/bin/python bench/profile_tick.py [--passes 2000] [--chunked] [--top 25]
+    .venv/bin/python bench/profile_tick.py --cpu 60     # `watchdog run` at 1 Hz: its CPU, beside the naive watcher
+
+The page server (bench/page_server.py) serves the TP=2 page under load with a counter advancing per request.
+``--passes`` runs the daemon's pass (scrape, judge, report, act, evidence) back to back under cProfile and prints
+the CPU per pass by stage; ``--cpu`` measures the real service's CPU share at 1 Hz next to the naive reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_engine import NAIVE, cpu_seconds  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(chunked: bool) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "bench" / "page_server.py"), str(port)] + (["--chunked"] if chunked else [])
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, url
+
+
+def profile_passes(url: str, passes: int, top: int) -> dict[str, float]:
+    from watchdog.config.load import load
+    from watchdog.service.daemon import Daemon
+    from watchdog.service.watcher import build_watcher
+
+    with tempfile.TemporaryDirectory(prefix="profile-tick-") as tmp:
+        cfg_path = Path(tmp) / "w.toml"
+        cfg_path.write_text(f'[engine]\nurl = "{url}"\n[state]\ndir = "{tmp}"\n[exporter]\nport = 0\n'
+                            "[gpu]\nenabled = false\n")
+        cfg = load(cfg_path)
+        d = Daemon(cfg, Path(tmp))
+        from watchdog.act.assemble import Act
+        from watchdog.scrape.trace import TraceWriter
+        d._trace = TraceWriter(Path(tmp) / "trace.jsonl", cfg.state.trace_max_bytes, {"url": url})
+        d.act = Act(cfg, Path(tmp), d._act_event, d.http)
+        watcher = build_watcher(cfg, d.http, [d._count, d._write_trace])
+        for _ in range(50):  # warm up: past starting
+            d.one_pass(watcher)
+        stages: dict[str, Callable[[], object]] = {
+            "tick (scrape+judge)": watcher.tick, "fetch only": watcher.fetcher.scrape,
+            "one_pass": lambda: d.one_pass(watcher)}
+        out: dict[str, float] = {}
+        for name, fn in stages.items():
+            t0 = time.process_time()
+            for _ in range(passes):
+                fn()
+            out[name] = (time.process_time() - t0) / passes * 1e3
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(passes):
+            d.one_pass(watcher)
+        prof.disable()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(top)
+        print(s.getvalue())
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+        print(s.getvalue())
+        d.http.close()
+        return out
+
+
+def service_cpu(url: str, seconds: float) -> dict[str, float]:
+    from tests.harness.watcher import WatchdogProcess
+
+    with tempfile.TemporaryDirectory(prefix="profile-cpu-") as tmp:
+        w = WatchdogProcess(url, Path(tmp) / "w", "[gpu]\nenabled = false\n").start()
+        naive = subprocess.Popen([sys.executable, "-c", NAIVE, url], start_new_session=True)
+        try:
+            time.sleep(10)
+            assert w._popen is not None
+            ours, ref = psutil.Process(w._popen.pid), psutil.Process(naive.pid)
+            c0, r0, t0 = cpu_seconds(ours), cpu_seconds(ref), time.monotonic()
+            time.sleep(seconds)
+            c1, r1, t1 = cpu_seconds(ours), cpu_seconds(ref), time.monotonic()
+            wall = t1 - t0
+            res = {"seconds": round(wall, 1), "watchdog_cpu_percent": round(100 * (c1 - c0) / wall, 3),
+                   "naive_cpu_percent": round(100 * (r1 - r0) / wall, 3)}
+            res["ratio_naive_to_watchdog"] = round(res["naive_cpu_percent"] / max(res["watchdog_cpu_percent"], 1e-9), 1)
+            return res
+        finally:
+            naive.kill()
+            naive.wait(10)
+            w.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--passes", type=int, default=0)
+    ap.add_argument("--cpu", type=float, default=0.0)
+    ap.add_argument("--chunked", action="store_true")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    server, url = start_server(args.chunked)
+    try:
+        if args.passes:
+            print(json.dumps({k: round(v, 3) for k, v in profile_passes(url, args.passes, args.top).items()},
+                             indent=2) + "  (CPU ms per call, this process only)")
+        if args.cpu:
+            print(json.dumps(service_cpu(url, args.cpu), indent=2))
+    finally:
+        server.kill()
+        server.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

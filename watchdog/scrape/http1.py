@@ -1,0 +1,329 @@
+"""A small HTTP/1.1 keep-alive GET over one socket, for the 1 Hz scrape of ``/metrics`` only.
+
+Measured (bench/profile_tick.py): through requests/urllib3 a GET of the 53 KB page costs about 0.5 ms of CPU, more
+than reading the page; this client costs about 0.05 ms. Everything else (probe, versions, the evidence's reads)
+stays on requests through `EngineHTTP`. Same caps and the same `HttpFailure` kinds and messages as `EngineHTTP`:
+a connect and a read timeout, a deadline for the whole body, a byte cap (the connection is dropped at the cap),
+bounded redirects (followed only to plain http), Content-Length, chunked and read-to-close framing.
+tests/unit/test_scrape_bad_input.py runs against it, and tests/unit/test_http_client.py checks that it returns
+the same bytes as requests for real pages, chunked included.
+
+Not thread-safe: one caller (the watch loop) owns it.
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import time
+from urllib.parse import urljoin, urlsplit
+
+from watchdog.scrape.engine_http import LOST, HttpFailure, Reply, short
+from watchdog.types import NO_ANSWER, HttpLimits
+
+_RECV = 65536
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_MAX_HEAD = 65536  # status line and headers; more is not an HTTP server we want to read
+
+
+class _Broken(Exception):
+    """The body's framing broke: the connection closed early or the framing is malformed."""
+
+
+class _Head:
+    __slots__ = ("headers", "keep_alive", "status")
+
+    def __init__(self, status: int, headers: dict[str, str], keep_alive: bool) -> None:
+        self.status, self.headers, self.keep_alive = status, headers, keep_alive
+
+
+class PageClient:
+    """GETs of one plain-http origin on a kept-alive socket, reconnecting when the server closed it."""
+
+    def __init__(self, base: str, limits: HttpLimits, headers: dict[str, str] | None = None) -> None:
+        parts = urlsplit(base)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"PageClient speaks plain http only, not {base!r}")
+        self.base = base
+        self.limits = limits
+        self._extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self._origin = (parts.hostname, parts.port or 80)
+        self._sock: socket.socket | None = None
+        self._sock_origin: tuple[str, int] | None = None
+        self._buf = b""  # bytes read past the last response (none from a well-behaved server)
+        self._got = 0  # body bytes of the current response so far, for the messages
+
+    # -- the one call ----------------------------------------------------------------------------------
+
+    def get(self, path: str, *, accept: str = "*/*") -> Reply:
+        lim = self.limits
+        url = self.base + path
+        read, connect = lim.read_timeout, min(lim.connect_timeout, lim.read_timeout)
+        started = time.monotonic()
+        what = "the page" if path == "/metrics" else url
+        origin = self._origin
+        for hop in range(lim.max_redirects + 1):
+            head, sock = self._exchange(origin, url, accept, connect, read, started)
+            if head.status in _REDIRECTS and "location" in head.headers:
+                self._skip_body(sock, head, what, started)
+                if hop == lim.max_redirects:
+                    raise HttpFailure("redirects", f"{self.base + path} redirects more than {lim.max_redirects} times")
+                url = urljoin(url, head.headers["location"])
+                target = urlsplit(url)
+                if target.scheme != "http" or not target.hostname:
+                    self.close()
+                    raise HttpFailure("redirects", f"{self.base + path} redirects to {short(url)}: the scrape follows "
+                                      "redirects on plain http only")
+                origin = (target.hostname, target.port or 80)
+                continue
+            body = self._body(sock, head, what, started, lim.deadline, lim.max_bytes)
+            if not head.keep_alive:
+                self.close()
+            return Reply(head.status, head.headers.get("content-type", ""), body)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock, self._sock_origin, self._buf = None, None, b""
+
+    # -- connection ------------------------------------------------------------------------------------
+
+    def _connect(self, origin: tuple[str, int], url: str, connect: float) -> socket.socket:
+        self.close()
+        try:
+            sock = socket.create_connection(origin, timeout=connect)
+        except TimeoutError:
+            raise HttpFailure("unreachable", f"no TCP connection to {url} within {connect:g}s") from None
+        except ConnectionRefusedError:
+            raise HttpFailure("refused", f"nothing listening at {url} (connection refused)") from None
+        except OSError as e:
+            raise HttpFailure("unreachable", f"cannot reach {url}: {short(str(e))}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock, self._sock_origin = sock, origin
+        return sock
+
+    def _reusable(self, origin: tuple[str, int]) -> socket.socket | None:
+        """The kept-alive socket, unless it is for another origin or the server closed it meanwhile."""
+        sock = self._sock
+        if sock is None or self._sock_origin != origin or self._buf:
+            return None
+        readable, _, _ = select.select([sock], [], [], 0)
+        if readable:  # an idle keep-alive socket is readable only when the server closed it (or sent garbage)
+            return None
+        return sock
+
+    def _exchange(self, origin: tuple[str, int], url: str, accept: str, connect: float,
+                  read: float, started: float) -> tuple[_Head, socket.socket]:
+        """Send the request and read the head; a kept-alive socket the server dropped gets one fresh retry."""
+        parts = urlsplit(url)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        host = parts.netloc
+        request = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: {accept}\r\nAccept-Encoding: identity\r\n"
+                   f"User-Agent: engine-watchdog\r\n{self._extra}\r\n").encode("latin-1")
+        sock = self._reusable(origin)
+        reused = sock is not None
+        if sock is None:
+            sock = self._connect(origin, url, connect)
+        while True:
+            try:
+                sock.settimeout(read)
+                sock.sendall(request)
+                return self._head(sock, url, read, started), sock
+            except _Stale:
+                if not reused:
+                    self.close()
+                    raise HttpFailure(LOST, f"{url}: the connection closed after {time.monotonic() - started:.1f}s "
+                                      "without an answer") from None
+                reused = False  # the server closed the idle connection as we sent: once more, fresh
+                sock = self._connect(origin, url, connect)
+            except TimeoutError:
+                self.close()
+                raise HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within "
+                                  f"{read:g}s") from None
+            except HttpFailure:
+                self.close()
+                raise
+
+    def _head(self, sock: socket.socket, url: str, read: float, started: float) -> _Head:
+        buf = b""
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head_bytes, self._buf = buf[:end], buf[end + 4:]
+                head = self._parse_head(head_bytes, url)
+                if 100 <= head.status < 200:  # 100 Continue and friends: the real answer follows
+                    buf, self._buf = self._buf, b""
+                    continue
+                return head
+            if len(buf) > _MAX_HEAD:
+                raise HttpFailure("unreachable", f"{url}: no end of the HTTP headers within {_MAX_HEAD} bytes")
+            try:
+                chunk = sock.recv(_RECV)
+            except (ConnectionResetError, BrokenPipeError):
+                chunk = b""
+            except OSError as e:
+                if isinstance(e, TimeoutError):
+                    raise
+                if e.errno in (errno.ECONNRESET, errno.EPIPE):
+                    chunk = b""
+                else:
+                    raise HttpFailure("unreachable", f"request to {url} failed: {short(str(e))}") from None
+            if not chunk:
+                if buf:
+                    raise HttpFailure(LOST, f"{url}: the connection closed after {time.monotonic() - started:.1f}s "
+                                      "inside the HTTP headers")
+                raise _Stale
+            buf += chunk
+
+    @staticmethod
+    def _parse_head(raw: bytes, url: str) -> _Head:
+        lines = raw.decode("latin-1").split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
+            raise HttpFailure("unreachable", f"{url} did not answer HTTP: {short(lines[0], 80)!r}")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                continue
+            key = name.strip().lower()
+            value = value.strip()
+            headers[key] = f"{headers[key]}, {value}" if key in headers and key != "content-length" else value
+        conn = headers.get("connection", "").lower()
+        keep = ("close" not in conn) if status_line[0] != "HTTP/1.0" else ("keep-alive" in conn)
+        return _Head(int(status_line[1]), headers, keep)
+
+    # -- body ------------------------------------------------------------------------------------------
+
+    def _skip_body(self, sock: socket.socket, head: _Head, what: str, started: float) -> None:
+        self._body(sock, head, what, started, self.limits.deadline, self.limits.max_bytes)
+        if not head.keep_alive:
+            self.close()
+
+    def _body(self, sock: socket.socket, head: _Head, what: str, started: float, deadline: float, cap: int) -> bytes:
+        status = head.status
+        if status in (204, 304):
+            return b""
+        te = head.headers.get("transfer-encoding", "").lower()
+        length_text = head.headers.get("content-length")
+        self._got = 0
+        try:
+            if "chunked" in te:
+                return self._chunked(sock, what, started, deadline, cap, status)
+            if length_text is not None:
+                try:
+                    length = int(length_text)
+                    if length < 0:
+                        raise ValueError(length_text)
+                except ValueError:
+                    raise _Broken(f"bad Content-Length {short(length_text, 40)!r}") from None
+                return self._exact(sock, length, what, started, deadline, cap, status)
+            head.keep_alive = False  # no framing: the body ends when the server closes
+            chunks = self._take_buf()
+            size = sum(len(c) for c in chunks)
+            self._check(size, cap, what, started, deadline, status)
+            while chunk := sock.recv(_RECV):
+                chunks.append(chunk)
+                size += len(chunk)
+                self._check(size, cap, what, started, deadline, status)
+            return b"".join(chunks)
+        except TimeoutError:
+            self.close()
+            raise HttpFailure(NO_ANSWER, f"reading {what} failed after {self._got} bytes: "
+                              f"read timed out ({self.limits.read_timeout:g}s)") from None
+        except _Broken as e:
+            self.close()
+            raise HttpFailure("truncated", f"reading {what} failed: {short(str(e))}") from None
+        except HttpFailure:
+            self.close()
+            raise
+        except OSError as e:
+            self.close()
+            raise HttpFailure("truncated", f"reading {what} failed: {short(str(e))}") from None
+
+    def _take_buf(self) -> list[bytes]:
+        buf, self._buf = self._buf, b""
+        return [buf] if buf else []
+
+    def _check(self, size: int, cap: int, what: str, started: float, deadline: float, status: int) -> None:
+        self._got = size
+        if size > cap:
+            raise HttpFailure("too_big", f"{what} is larger than the {cap} byte cap; stopped reading", status)
+        if time.monotonic() - started > deadline:
+            raise HttpFailure("trickle", f"{what} not complete after {deadline:g}s ({size} bytes so far): "
+                              "the server is sending too slowly", status)
+
+    def _exact(self, sock: socket.socket, length: int, what: str, started: float, deadline: float, cap: int,
+               status: int) -> bytes:
+        # declared too big: read up to the cap, as the streaming reader would, then drop the connection
+        length_to_read = cap + 1 if length > cap else length
+        out = bytearray(length_to_read)
+        view = memoryview(out)
+        got = min(len(self._buf), length_to_read)
+        view[:got] = self._buf[:got]
+        self._buf = self._buf[got:]
+        self._check(got, cap, what, started, deadline, status)
+        while got < length_to_read:
+            n = sock.recv_into(view[got:], min(_RECV, length_to_read - got))
+            if n == 0:
+                raise _Broken(f"Connection broken: IncompleteRead({got} bytes read, {length - got} more expected)")
+            got += n
+            self._check(got, cap, what, started, deadline, status)
+        return bytes(out)
+
+    def _chunked(self, sock: socket.socket, what: str, started: float, deadline: float, cap: int,
+                 status: int) -> bytes:
+        buf = self._buf
+        self._buf = b""
+        chunks: list[bytes] = []
+        size = 0
+
+        def fill(need_at_least: int) -> None:
+            nonlocal buf
+            while len(buf) < need_at_least:
+                more = sock.recv(_RECV)
+                if not more:
+                    raise _Broken(f"Connection broken: IncompleteRead({size} bytes read)")
+                buf += more
+                if time.monotonic() - started > deadline:
+                    raise HttpFailure("trickle", f"{what} not complete after {deadline:g}s ({size + len(buf)} bytes "
+                                      "so far): the server is sending too slowly", status)
+
+        while True:
+            while (eol := buf.find(b"\r\n")) < 0:
+                if len(buf) > 1024:
+                    raise _Broken("Connection broken: InvalidChunkLength (no end of the chunk size line)")
+                fill(len(buf) + 1)
+            size_text = buf[:eol].split(b";", 1)[0].strip()
+            try:
+                n = int(size_text, 16)
+                if n < 0:
+                    raise ValueError
+            except ValueError:
+                raise _Broken(f"Connection broken: InvalidChunkLength(got length b{size_text[:20]!r}), "
+                              f"IncompleteRead({size} bytes read)") from None
+            buf = buf[eol + 2:]
+            if n == 0:
+                # trailers, then the empty line
+                while True:
+                    while (eol := buf.find(b"\r\n")) < 0:
+                        fill(len(buf) + 1)
+                    line, buf = buf[:eol], buf[eol + 2:]
+                    if not line:
+                        self._buf = buf
+                        return b"".join(chunks)
+            if size + n > cap:
+                raise HttpFailure("too_big", f"{what} is larger than the {cap} byte cap; stopped reading", status)
+            fill(n + 2)
+            chunks.append(buf[:n])
+            if buf[n:n + 2] != b"\r\n":
+                raise _Broken("Connection broken: chunk not followed by CRLF")
+            buf = buf[n + 2:]
+            size += n
+            self._check(size, cap, what, started, deadline, status)
+
+
+class _Stale(Exception):
+    """The connection closed before a byte of the answer."""
