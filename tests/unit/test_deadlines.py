@@ -134,8 +134,8 @@ def test_read_a_real_process(engine_like: subprocess.Popen[bytes]) -> None:
     r = read_deadlines(cfg, "http://127.0.0.1:9", [engine])
     assert r.earliest is not None and r.earliest.name == "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
     assert r.earliest.seconds == 70.0 and f"pid {engine_like.pid}" in r.earliest.where
-    assert r.confirm_seconds == config_confirm_seconds(cfg) == 59.0  # defaults: 15 + 1 + 2*2*10 + 3
-    assert not r.ok and "70s" in r.warning  # 59 s does not fit in half of 70 s
+    assert r.confirm_seconds == config_confirm_seconds(cfg) == 48.0  # defaults: 5 + 1 + 2*2*10 + 2
+    assert not r.ok and "70s" in r.warning  # 48 s does not fit in half of 70 s
     assert {s.name: s.seconds for s in r.settings}["--distributed-timeout-seconds"] == 1200.0
     # a tighter judge and capture fit: 5 + 1 + 2*2*2 + 3 = 17 <= 35
     fast = Config(judge=JudgeSection(suspect_after=5.0, stall_window=10.0), capture=CaptureSection(timeout=2.0))

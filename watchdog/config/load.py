@@ -66,7 +66,7 @@ class ScrapeSection:
 
 @dataclass(frozen=True, slots=True)
 class JudgeSection:
-    suspect_after: float = 15.0
+    suspect_after: float = 5.0
     stall_window: float = 40.0
 
 
@@ -87,7 +87,7 @@ class CaptureSection:
     pyspy: str = ""  # empty: the one beside the watchdog's python, else PATH
     timeout: float = 10.0  # per py-spy dump
     rounds: int = 2
-    gap: float = 3.0  # seconds between the rounds
+    gap: float = 2.0  # seconds between the rounds
     native: bool = False
     locals: bool = False  # off: locals hold prompts and secrets
     process_prefix: str = "VLLM::"  # vLLM's VLLM_PROCESS_NAME_PREFIX

@@ -43,11 +43,11 @@ SERVER = "server"  # the pseudo-engine that carries verdicts before any engine h
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    suspect_after: float = 15.0
+    suspect_after: float = 5.0
     stall_window: float = 40.0
     probe_interval: float = 30.0  # 0 disables probes
     probe_retry: float = 5.0  # while starting, how often to try to prove the engine serves
-    recheck_max: float = 240.0  # a long step the stacks explained is checked again after 15, 30, 60 ... s, at most this
+    recheck_max: float = 240.0  # a long step the stacks explained is checked again after 5, 10, 20 ... s, at most this
     kv_epsilon: float = 1e-12
 
 
