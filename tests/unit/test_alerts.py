@@ -134,7 +134,7 @@ def test_events_arrive_in_order_with_documented_payloads(receiver, dispatcher) -
         assert one["generatorURL"] == "http://127.0.0.1:8000"
         assert ("endsAt" in one) == a.resolved
     assert posts[1][0]["annotations"]["bundle"] == DETAILS["evidence_captured"]["bundle"]
-    assert posts[-1][0]["endsAt"] == "2023-11-14T22:13:27.000Z"
+    assert posts[-1][0]["endsAt"] == "2023-11-14T22:13:28.000Z"  # resolved, the last of EVENTS
 
 
 def test_webhook_without_secret_is_unsigned(receiver, dispatcher) -> None:
