@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import psutil
+import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from tests.harness.engine_env import engine_python  # noqa: E402
 from tests.harness.faults import frozen  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
+from tests.harness.metrics import watched  # noqa: E402
 from tests.harness.models import fast_model  # noqa: E402
 from tests.harness.server import VllmServer  # noqa: E402
 from tests.harness.watcher import WatchdogProcess, event_time  # noqa: E402
@@ -83,6 +85,12 @@ def footprint(server: VllmServer, workdir: Path, minutes: float) -> dict[str, fl
             "naive_peak_rss_mb": round(peak_rss_mb(ref.pid), 1),
             "frozen_events": w.states().count("frozen"),
         }
+        # the cost of suspecting sooner: how often a healthy engine under load was suspected and its stacks taken
+        events = [e for e in w.events() if event_time(e) >= w.started_at]
+        result["suspect_transitions"] = sum(1 for e in events if e.get("event") == "transition"
+                                            and e.get("to") == "suspect")
+        result["evidence_checked_events"] = sum(1 for e in events if e.get("event") == "evidence_checked")
+        result["longest_pending_gap_without_progress_s"] = longest_quiet(w.state_dir / "trace.jsonl")
         result["cpu_ratio_watchdog_to_naive"] = round(
             result["watchdog_cpu_percent_of_a_core"] / max(result["naive_cpu_percent_of_a_core"], 1e-9), 3)
         return result
@@ -90,6 +98,66 @@ def footprint(server: VllmServer, workdir: Path, minutes: float) -> dict[str, fl
         os.killpg(naive.pid, signal.SIGKILL)
         naive.wait(10)
         w.stop()
+
+
+def longest_quiet(trace: Path) -> float:
+    """The longest stretch, in the trace, with work pending on the page and no counter or KV change."""
+    longest, since, prev = 0.0, None, None
+    for line in trace.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("kind") != "scrape" or "engines" not in r or "0" not in r["engines"]:
+            continue
+        e = r["engines"]["0"]
+        key = (sorted(e["counters"].items()), e["kv"])
+        pending = (e.get("running") or 0) > 0 or (e.get("waiting") or 0) > 0
+        if key != prev or not pending:
+            since = r["wall"] if pending else None
+        elif since is not None:
+            longest = max(longest, r["wall"] - since)
+        prev = key
+    return round(longest, 2)
+
+
+def capture_cost(server: VllmServer, captures: int) -> dict[str, object]:
+    """What one capture (py-spy twice, capture.gap apart, on every engine process, as on a suspicion) costs the
+    engine under load: generated tokens per second over a window holding one capture, against the window before
+    it without one (same length, alternating)."""
+    from watchdog.config.load import CaptureSection
+    from watchdog.evidence.capture import Capturer, find_pyspy
+
+    gap = CaptureSection().gap
+    capturer = Capturer(find_pyspy(), timeout=10)
+    pids = [server.process(t).pid for t in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1")]
+    window = 10.0
+
+    def tokens() -> float:
+        return watched(requests.get(server.url + "/metrics", timeout=10).text)["vllm:generation_tokens_total"]
+
+    quiet: list[float] = []
+    busy: list[float] = []
+    seconds: list[float] = []
+    with LoadGenerator(server.url, server.model_name, threads=4, duration=captures * 2 * window + 60):
+        time.sleep(10)
+        for _ in range(captures):
+            t0, n0 = time.monotonic(), tokens()
+            time.sleep(window)
+            t1, n1 = time.monotonic(), tokens()
+            quiet.append((n1 - n0) / (t1 - t0))
+            c0 = time.monotonic()
+            first = capturer.dump_all(pids)
+            time.sleep(gap)
+            second = capturer.dump_all(pids)
+            seconds.append(time.monotonic() - c0)
+            assert all(d.ok for d in (*first.values(), *second.values()))
+            time.sleep(max(0.0, window - (time.monotonic() - t1)))
+            t2, n2 = time.monotonic(), tokens()
+            busy.append((n2 - n1) / (t2 - t1))
+    q, b = statistics.median(quiet), statistics.median(busy)
+    return {"captures": captures, "window_s": window, "gap_s": gap, "capture_wall_s": [round(x, 2) for x in seconds],
+            "tokens_per_s_without": [round(x, 1) for x in quiet], "tokens_per_s_with_one_capture": [round(x, 1)
+                                                                                                  for x in busy],
+            "median_without": round(q, 1), "median_with": round(b, 1),
+            "throughput_ratio_with_to_without": round(b / q, 3) if q else None}
 
 
 def last_progress_before(trace: Path, when: float) -> float | None:
@@ -160,6 +228,7 @@ def main() -> int:
     ap.add_argument("--freezes", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine.json"))
     ap.add_argument("--footprint-json", help="reuse footprint figures from an earlier run's JSON")
+    ap.add_argument("--captures", type=int, default=0, help="measure what N captures cost the engine under load")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         workdir = Path(tmp)
@@ -167,12 +236,16 @@ def main() -> int:
         with server:
             server.wait_ready(300)
             print(f"vLLM ready after {server.ready_after:.1f}s; footprint for {args.minutes} min ...", flush=True)
-            results: dict[str, object] = {}
+            results: dict[str, object] = {"uptime_load_before": os.getloadavg()}
             if args.footprint_json:
                 results["footprint"] = json.loads(Path(args.footprint_json).read_text())
             if args.minutes > 0:
                 results["footprint"] = footprint(server, workdir, args.minutes)
                 print(json.dumps(results["footprint"], indent=2), flush=True)
+            if args.captures:
+                results["capture_cost"] = capture_cost(server, args.captures)
+                print(json.dumps(results["capture_cost"], indent=2), flush=True)
+            results["uptime_load_after"] = os.getloadavg()
             for name, config in (("detection_default", ""),
                                  ("detection_metrics_only", "[capture]\nenabled = false\n"))[:2 if args.freezes else 0]:
                 print(f"{name}: {args.freezes} freezes ...", flush=True)
