@@ -69,8 +69,9 @@ def save(out: Path, fault: str, ev: Evidence) -> None:
                       for p in ev.capture.processes],
         "rounds": rounds,
         "page": {"running": fi.page.running, "waiting": fi.page.waiting} if fi.page else None,
-        "findings_when_recorded": {"decision": fi.decision.value, "stuck_kind": fi.stuck_kind.value if fi.stuck_kind else None,
-                     "reason": fi.reason},
+        "findings_when_recorded": {"decision": fi.decision.value,
+                                   "stuck_kind": fi.stuck_kind.value if fi.stuck_kind else None,
+                                   "reason": fi.reason},
     }, indent=1) + "\n")
 
 
