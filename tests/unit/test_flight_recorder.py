@@ -116,7 +116,7 @@ def test_trigger_through_a_real_fifo(tmp_path: Path) -> None:
             os.close(fd)
         Path(cfg.dump_path(0)).write_bytes(real)
 
-    t = threading.Thread(target=recorder)
+    t = threading.Thread(target=recorder, daemon=True)  # never holds pytest open, whatever happens
     t.start()
     assert ready.wait(30)  # the reader is there before the watchdog asks (a stopped-rank race is another test)
     try:
