@@ -30,6 +30,19 @@ UNIT = "engine-watchdog.service"
 SHIPPED_PROGRAM = "/opt/engine-watchdog/.venv/bin/watchdog"
 SHIPPED_CONFIG = "/etc/engine-watchdog/config.toml"
 PROGRAM = str(Path(sys.prefix) / "bin" / "watchdog")  # this checkout's venv (the harness keeps it visible inside)
+# PrivateTmp= gives the unit a /tmp of its own: a checkout under /tmp (a CI clone, say) is not there. Then the checkout
+# and its venv's packages are shown at a second place inside, and the unit runs the venv's interpreter on a launcher.
+HIDDEN = any(CHECKOUT.resolve().is_relative_to(d) for d in ("/tmp", "/var/tmp"))
+ALIAS = "/run/engine-watchdog-checkout"
+LAUNCHER = "/run/engine-watchdog-test/launch.py"
+SITE = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+LAUNCH_PY = f"""\
+import sys
+sys.path[:0] = ["{ALIAS}/src", "{ALIAS}/site-packages"]
+from watchdog.cli import main
+sys.exit(main())
+"""
+PROGRAM_ARGV = f"{Path(sys.executable).resolve()} {LAUNCHER}" if HIDDEN else PROGRAM
 CONFIG = "/run/engine-watchdog-test/config.toml"
 DROP_IN = f"/run/systemd/system/{UNIT}.d/50-short-watchdog.conf"
 WATCHDOG_SEC = 3
@@ -48,7 +61,7 @@ T = TypeVar("T")
 def unit_for_test() -> str:
     """The shipped file with the program and config paths pointed at this checkout and the test's config."""
     shipped = SHIPPED.read_text()
-    text = shipped.replace(SHIPPED_PROGRAM, PROGRAM).replace(SHIPPED_CONFIG, CONFIG)
+    text = shipped.replace(SHIPPED_PROGRAM, PROGRAM_ARGV).replace(SHIPPED_CONFIG, CONFIG)
     changed = [(a, b) for a, b in zip(shipped.splitlines(), text.splitlines(), strict=True) if a != b]
     assert [a.split("=", 1)[0] for a, _ in changed] == ["ExecStart"], changed  # nothing else touched
     return text
@@ -86,7 +99,9 @@ def sd(tmp_path: Path) -> Iterator[ThrowawaySystemd]:
     ns = ThrowawaySystemd(
         "shipped-unit",
         {UNIT: unit_for_test()},
-        files={CONFIG: CONFIG_TOML, DROP_IN: f"[Service]\nWatchdogSec={WATCHDOG_SEC}\n"},
+        files={CONFIG: CONFIG_TOML, DROP_IN: f"[Service]\nWatchdogSec={WATCHDOG_SEC}\n",
+               **({LAUNCHER: LAUNCH_PY} if HIDDEN else {})},
+        binds={str(CHECKOUT): f"{ALIAS}/src", str(SITE): f"{ALIAS}/site-packages"} if HIDDEN else None,
         private_dirs=["/var/lib"],  # StateDirectory= creates /var/lib/engine-watchdog: inside, never on the machine
         log_dir=tmp_path / "systemd",
     )

@@ -213,6 +213,7 @@ class ThrowawaySystemd:
         env: Mapping[str, str] | None = None,
         private_dirs: Sequence[str] = (),
         keep: Sequence[str | os.PathLike[str]] = (),
+        binds: Mapping[str, str] | None = None,
         journald: bool = True,
         log_dir: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -238,6 +239,12 @@ class ThrowawaySystemd:
             _quote_env(key, value)
         checkout = Path(__file__).resolve().parents[2]
         self.keep = sorted({str(Path(p).resolve()) for p in (*keep, checkout, sys.prefix, sys.base_prefix)})
+        # a real directory shown at a second place inside (under a private mount), e.g. the checkout outside /tmp
+        # for a unit with PrivateTmp=, which hides everything under /tmp, kept binds included
+        self.binds = {str(Path(src).resolve()): os.path.abspath(dst) for src, dst in (binds or {}).items()}
+        for dst in self.binds.values():
+            if not _under(dst, [*PRIVATE_MOUNTS[:4], *self.private_dirs]):
+                raise ValueError(f"binds: {dst} must be under a private mount")
         self.journald = journald
         self._own_log_dir = log_dir is None
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="throwaway-systemd-"))
@@ -499,6 +506,7 @@ class ThrowawaySystemd:
             "default_environment": " ".join(_quote_env(k, v) for k, v in self.env.items()),
             "private_mounts": [*private, *self.private_dirs],
             "keep": self._kept(private),
+            "binds": self.binds,
             "journald": self.journald,
             "masks": sorted(set(masks)),
         }
@@ -621,6 +629,7 @@ def _boot(spec_path: str) -> None:  # pragma: no cover - runs as PID 1 of the ne
         raise SystemExit("boot: not PID 1 of a new PID namespace; refusing to touch any mount")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     kept = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in spec["keep"]}  # reachable once covered
+    bound = {dst: os.open(src, os.O_PATH | os.O_DIRECTORY) for src, dst in spec.get("binds", {}).items()}
     _mount("/proc/sys", "/proc/sys", None, MS_BIND)
     _mount(None, "/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY)  # this mount only, not the superblock
     _mount(None, "/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
@@ -631,7 +640,7 @@ def _boot(spec_path: str) -> None:  # pragma: no cover - runs as PID 1 of the ne
     for dev in ("/dev/console", "/dev/kmsg"):
         if os.path.exists(dev):
             _mount("/dev/null", dev, None, MS_BIND)
-    for path, fd in kept.items():
+    for path, fd in [*kept.items(), *bound.items()]:
         os.makedirs(path, exist_ok=True)
         _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
