@@ -17,7 +17,7 @@ units = ["vllm-worker.service"]
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,9 @@ DEFAULT_PATH = "/etc/engine-watchdog/agent.toml"
 
 
 @dataclass(frozen=True, slots=True)
-class AgentConfig:
+class _Top:
+    """The top-level keys (steps aside), typed and checked by the watchdog's own config loader."""
+
     process_prefix: str = "VLLM::"
     title_filter: str = ""
     pyspy: str = ""
@@ -42,6 +44,15 @@ class AgentConfig:
     remove_shm: bool = False
     shm_dir: str = "/dev/shm"  # noqa: S108 - where POSIX shared memory lives, not a temp file
     audit_log: str = "/var/log/engine-watchdog/agent.log"
+
+    def build(self, steps: tuple[StepSection, ...], source: str) -> AgentConfig:
+        return AgentConfig(**{f.name: getattr(self, f.name) for f in fields(_Top)}, steps=steps, source=source)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig(_Top):
+    """The agent's config: the top-level keys and the restart steps this node allows."""
+
     steps: tuple[StepSection, ...] = field(default_factory=tuple)
     source: str = "<defaults>"
 
@@ -84,24 +95,3 @@ def load_agent_config(path: str) -> AgentConfig:
     return cfg
 
 
-@dataclass(frozen=True, slots=True)
-class _Top:
-    """The top-level keys (steps aside), typed and checked by the watchdog's own config loader."""
-
-    process_prefix: str = "VLLM::"
-    title_filter: str = ""
-    pyspy: str = ""
-    capture_timeout: float = 10.0
-    log_file: str = ""
-    journal_unit: str = ""
-    docker_container: str = ""
-    pre_start: tuple[str, ...] = ()
-    pre_start_timeout: float = 120.0
-    remove_shm: bool = False
-    shm_dir: str = "/dev/shm"  # noqa: S108 - where POSIX shared memory lives, not a temp file
-    audit_log: str = "/var/log/engine-watchdog/agent.log"
-
-    def build(self, steps: tuple[StepSection, ...], source: str) -> AgentConfig:
-        return AgentConfig(self.process_prefix, self.title_filter, self.pyspy, self.capture_timeout, self.log_file,
-                           self.journal_unit, self.docker_container, self.pre_start, self.pre_start_timeout,
-                           self.remove_shm, self.shm_dir, self.audit_log, steps, source)
