@@ -18,8 +18,10 @@ from watchdog.act.heartbeat import Heartbeat
 from watchdog.act.recovery import RecoveryRunner
 from watchdog.act.respond import Responder
 from watchdog.act.restart import LocalRunner, Restarter, RestartOutcome, describe
+from watchdog.act.shm_sweep import sweepers
 from watchdog.config.load import Config, Secret
 from watchdog.nodes.remote import node_runners
+from watchdog.nodes.transport import NodeLink
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.probe import generate_once
 from watchdog.types import State, Verdict, base_url, incident_id
@@ -41,9 +43,12 @@ class Act:
         hb_url = Secret(a.heartbeat_url) if a.heartbeat_url else cfg.secret(
             "alerts.heartbeat_url", a.heartbeat_url_env, a.heartbeat_url_file)
         self.heartbeat = Heartbeat(hb_url, a.heartbeat_interval)
-        # a step on another node runs there, through its agent ([[nodes]]; watchdog.nodes.remote.SshRunner)
-        runners = {"local": LocalRunner(), **node_runners(cfg)} if cfg.nodes else None
-        restarter = Restarter(cfg.restart, runners) if cfg.restart.steps else None
+        # a step on another node runs there, through its agent ([[nodes]]; watchdog.nodes.remote.SshRunner), so do
+        # that node's pre-start hook and /dev/shm check (one shared connection a node for both)
+        self.links = {n.name: NodeLink(n) for n in cfg.nodes} if cfg.restart.steps else {}
+        runners = {"local": LocalRunner(), **node_runners(cfg, self.links)} if cfg.nodes else None
+        restarter = Restarter(cfg.restart, runners, nodes=cfg.nodes,
+                              sweepers=sweepers(cfg, self.links)) if cfg.restart.steps else None
 
         def generate() -> tuple[bool, bool, str]:
             ok, answered, detail, _model = generate_once(http, cfg.probe.timeout, cfg.probe.model)
@@ -55,7 +60,7 @@ class Act:
             return restarter.run(cancel)
 
         self.recovery = RecoveryRunner(restart, generate, cfg.probe.retry)
-        plan = describe(cfg.restart) if cfg.restart.steps else []
+        plan = describe(cfg.restart, cfg.nodes) if cfg.restart.steps else []
         self.responder = Responder(cfg, state_dir, self.alerts or _NoAlerts(), self.recovery, event, plan)
         if cfg.restart.dry_run:
             log.warning("dry run: restarts are described in events, never run")
@@ -91,3 +96,5 @@ class Act:
         self.recovery.stop()
         if self.alerts is not None:
             self.alerts.close(timeout=5.0)
+        for link in self.links.values():
+            link.close()

@@ -37,6 +37,7 @@ class RecoveryDone:
     detail: str
     ready_at: float | None = None  # wall time of the first successful generation
     steps_duration: float = 0.0
+    outcome: RestartOutcome | None = None  # what the restart steps did (None: no restart was run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class Progress:
     since: float  # wall
     last_try: str = ""
     tries: int = 0
+    outcome: RestartOutcome | None = None  # the restart steps' outcome, once they are done
 
 
 class RecoveryRunner:
@@ -93,7 +95,7 @@ class RecoveryRunner:
             self._finish(RecoveryDone(job, False, "steps", f"{type(e).__name__}: {e}"))
 
     def _recover(self, job: RecoveryJob) -> RecoveryDone:
-        steps_took = 0.0
+        steps_took, outcome = 0.0, None
         if job.restart:
             self.progress = Progress("restarting", self._wall())
             outcome = self._restart(self._cancel)
@@ -101,24 +103,25 @@ class RecoveryRunner:
             if not outcome.ok:
                 last = outcome.results[-1] if outcome.results else None
                 why = f"{outcome.failed}: {last.error}" if last is not None else outcome.failed
-                return RecoveryDone(job, False, "steps", why, steps_duration=steps_took)
+                return RecoveryDone(job, False, "steps", why, steps_duration=steps_took, outcome=outcome)
         started = self._wall()
-        self.progress = Progress("proving", started)
+        self.progress = Progress("proving", started, outcome=outcome)
         next_log, tries = started + self._log_every, 0
         while not self._cancel.is_set():
             ok, _answered, detail = self._generate()
             tries += 1
             now = self._wall()
-            self.progress = Progress("proving", started, detail, tries)
+            self.progress = Progress("proving", started, detail, tries, outcome)
             if ok:
                 log.info("incident %s: the engine serves again (%s) after %.0fs", job.incident, detail, now - started)
-                return RecoveryDone(job, True, "ready", detail, now, steps_took)
+                return RecoveryDone(job, True, "ready", detail, now, steps_took, outcome)
             if now >= job.deadline:
                 return RecoveryDone(job, False, "ready", f"not serving by the boot timeout; last try: {detail}",
-                                    steps_duration=steps_took)
+                                    steps_duration=steps_took, outcome=outcome)
             if now >= next_log:
                 log.info("incident %s: waiting for the engine to serve: %.0fs so far, %.0fs left; last try: %s",
                          job.incident, now - started, job.deadline - now, detail)
                 next_log = now + self._log_every
             self._cancel.wait(min(self._retry, max(0.0, job.deadline - now)))
-        return RecoveryDone(job, False, "ready", "stopped while waiting for the engine", steps_duration=steps_took)
+        return RecoveryDone(job, False, "ready", "stopped while waiting for the engine", steps_duration=steps_took,
+                            outcome=outcome)

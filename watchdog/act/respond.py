@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from watchdog.act.alerts import Alert
 from watchdog.act.policy import Budget, Choice, choose
 from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
+from watchdog.act.restart import RestartOutcome
 from watchdog.act.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
 from watchdog.config.load import Config
 from watchdog.types import State, Verdict, base_url, incident_id
@@ -110,6 +111,7 @@ class Responder:
             if inc.phase == "restarting" and progress is not None and progress.phase == "proving":
                 inc.phase = "proving"  # the steps are done: now waiting for the first generation
                 self._save()
+                self._steps_event(inc, progress.outcome)
             return  # judgement of this stack is paused until the recovery reports
         if self._cleared(inc):
             self._resolve(inc, now, "the engine serves again without a restart")
@@ -257,6 +259,8 @@ class Responder:
         inc = self.memory.incident
         if inc is None or inc.id != done.job.incident:
             return
+        if inc.phase == "restarting":  # the steps ended (or failed) between two passes: not said yet
+            self._steps_event(inc, done.outcome)
         if done.ok:
             ready = done.ready_at or now
             downtime = round(ready - inc.detected, 1)
@@ -271,6 +275,12 @@ class Responder:
         self._event(inc, "restart_failed", stage=done.stage, error=done.detail)
         self._alert(inc, "restart_failed", f"{done.stage}: {done.detail}",
                     {"kind": inc.kind, "stage": done.stage, "error": done.detail, "attempt": inc.attempts})
+
+    def _steps_event(self, inc: Incident, outcome: RestartOutcome | None) -> None:
+        """``restart_steps``: what ran, in order, on which node, and each node's /dev/shm check (names, bytes)."""
+        if outcome is not None:
+            self._event(inc, "restart_steps", ok=outcome.ok, seconds=round(outcome.duration, 1),
+                        steps=list(outcome.steps), shm=[r.record() for r in outcome.shm])
 
     def _resolve(self, inc: Incident, now: float, how: str) -> None:
         self.memory.incident, self._quiet_since = None, self._mono

@@ -8,9 +8,23 @@
   below the time left in the step, so docker escalates to SIGKILL before our own timeout fires;
 * command: its argv as written.
 
-The pre-start hook (``restart.pre_start``, own timeout ``pre_start_timeout``) runs once, right before the first
-systemd/docker step whose verb is start or restart; when there is none, before the first command step (what a
-command does cannot be known); with neither (stop steps only) it does not run.
+Pre-start hooks, one per node, each with its own timeout: ``restart.pre_start`` is the head's ("local") hook and
+each ``[[nodes]]`` entry's ``pre_start`` is that node's, run ON that node (through its agent's ``run`` verb: the
+agent's own config must list the same argv as its ``pre_start``). A node's hook runs right before the first
+starting step that runs on that node: its first step whose action is start or restart (a command step may say
+``action = "start"``, ``"stop"`` or ``"restart"``); when it has none, its first command step that does not say
+(``action = "run"``, the default: what it does cannot be known). A node with no such step of its own gets its hook
+right before the first starting step overall (same rule over every step). With no starting step at all (stop
+steps only) no hook runs. Hooks that fall before the same step run local first, then the nodes in config order.
+With no ``[[nodes]]`` this is the single-host rule as it always was.
+
+The /dev/shm check (`Restarter` with ``sweepers``, one per node, local too): after the last stop step, before the
+first starting command (a hook, a start/restart, a command that does not say), or after the last step when nothing
+starts, every node reports the stale shared-memory segments a dead engine left in /dev/shm (``psm_*``,
+``sem.mp-*`` no process has open or mapped) and removes them where configured (``restart.remove_shm`` for the
+head, the node's ``remove_shm`` there, which its agent's own ``remove_shm`` must allow). What was found and
+removed (names and bytes) is in ``RestartOutcome.shm`` and the step records; a check that fails is reported there
+and never fails the restart.
 
 A step's timeout covers all its commands: each gets the time left in the step when it starts. ``Restarter.run``
 stops at the first failed command, a failed stop included: starting over a half-stopped stack is worse than
@@ -29,10 +43,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from watchdog.childenv import child_env
 from watchdog.config.act import RestartSection, StepSection
+from watchdog.config.nodes import LOCAL, NodeSection
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +161,30 @@ class PlannedCommand:
     node: str
     argv: tuple[str, ...]
     timeout: float  # the most it can get: its step's whole timeout (at run time, what is left of it)
+    starts: bool = False  # a starting command (start/restart, a command step, a hook): the /dev/shm check is before
+
+
+@dataclass(frozen=True, slots=True)
+class ShmReport:
+    """One node's /dev/shm check: stale segments found (removed ones included) and removed, as (name, bytes)."""
+
+    node: str
+    stale: tuple[tuple[str, int], ...] = ()
+    removed: tuple[tuple[str, int], ...] = ()
+    in_use: int = 0  # segments some process still has open or mapped (never touched)
+    error: str = ""  # listing or removing failed (said, never a failed restart)
+
+    def record(self) -> dict[str, Any]:
+        return {"node": self.node, "stale": [{"name": n, "bytes": b} for n, b in self.stale],
+                "stale_bytes": sum(b for _, b in self.stale),
+                "removed": [{"name": n, "bytes": b} for n, b in self.removed],
+                "removed_bytes": sum(b for _, b in self.removed), "in_use": self.in_use, "error": self.error}
+
+
+class Sweeper(Protocol):
+    """Lists (and, if its node is configured so, removes) the stale /dev/shm segments of one node; never raises."""
+
+    def __call__(self) -> ShmReport: ...
 
 
 def docker_stop_time(timeout: float) -> int:
@@ -154,35 +193,51 @@ def docker_stop_time(timeout: float) -> int:
     return max(1, int(timeout - margin))
 
 
-def plan(section: RestartSection) -> list[PlannedCommand]:
+def plan(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[PlannedCommand]:
     """The commands a restart runs, in order (see the module docstring for the rules)."""
-    hook_before = _pre_start_step(section) if section.pre_start else None
+    hooks: dict[int, list[PlannedCommand]] = {}
+    overall = _first_start(section.steps)
+    for name, argv, timeout in ((LOCAL, section.pre_start, section.pre_start_timeout),
+                                *((n.name, n.pre_start, n.pre_start_timeout) for n in nodes)):
+        own = _first_start(section.steps, name)
+        at = own if own is not None else overall
+        if argv and at is not None:
+            what = "pre-start hook" if name == LOCAL else f"pre-start hook on node {name}"
+            hooks.setdefault(at, []).append(PlannedCommand(None, "pre-start", what, name, tuple(argv), timeout, True))
     commands: list[PlannedCommand] = []
     for index, step in enumerate(section.steps):
-        if index == hook_before:
-            commands.append(PlannedCommand(None, "pre-start", "pre-start hook", "local", section.pre_start,
-                                           section.pre_start_timeout))
+        commands.extend(hooks.get(index, ()))
         commands.extend(_step_commands(index, step))
     return commands
 
 
-def _pre_start_step(section: RestartSection) -> int | None:
-    starting = [i for i, s in enumerate(section.steps) if s.kind != "command" and s.verb in STARTING_VERBS]
-    commands = [i for i, s in enumerate(section.steps) if s.kind == "command"]
-    return next(iter(starting or commands), None)
+def _first_start(steps: Sequence[StepSection], node: str | None = None) -> int | None:
+    """The first starting step (of ``node``'s steps, or of all): start/restart, else the first command step that
+    does not say what it does (``action = "run"``, the default)."""
+    mine = [(i, s) for i, s in enumerate(steps) if node is None or s.node == node]
+    starting = [i for i, s in mine if s.verb in STARTING_VERBS]
+    unsaid = [i for i, s in mine if s.kind == "command" and s.verb == "run"]
+    return next(iter(starting or unsaid), None)
+
+
+def shm_check_at(commands: Sequence[PlannedCommand]) -> int:
+    """Where the /dev/shm check goes: before the first starting command, or after the last when none starts."""
+    return next((i for i, c in enumerate(commands) if c.starts), len(commands))
 
 
 def _step_commands(index: int, step: StepSection) -> list[PlannedCommand]:
     verb, node, timeout = step.verb, step.node, step.timeout
+    starts = verb in (*STARTING_VERBS, "run")
     if step.kind == "systemd":
         return [PlannedCommand(index, "systemd", f"systemd {verb} {unit}", node,
-                               ("systemctl", "--no-ask-password", verb, "--", unit), timeout) for unit in step.units]
+                               ("systemctl", "--no-ask-password", verb, "--", unit), timeout, starts)
+                for unit in step.units]
     if step.kind == "docker":
         stop_time = ("--time", str(docker_stop_time(timeout))) if verb in ("stop", "restart") else ()
         return [PlannedCommand(index, "docker", f"docker {verb} {name}", node, ("docker", verb, *stop_time, name),
-                               timeout) for name in step.containers]
+                               timeout, starts) for name in step.containers]
     if step.kind == "command":
-        return [PlannedCommand(index, "command", f"command {step.argv[0]}", node, step.argv, timeout)] \
+        return [PlannedCommand(index, "command", f"command {step.argv[0]}", node, step.argv, timeout, starts)] \
             if step.argv else []
     raise ValueError(f"restart.steps[{index}]: unknown kind {step.kind!r}")
 
@@ -196,10 +251,10 @@ def _argv_for(command: PlannedCommand, time_left: float) -> tuple[str, ...]:
     return (*argv[:at], str(min(int(argv[at]), docker_stop_time(time_left))), *argv[at + 1:])
 
 
-def describe(section: RestartSection) -> list[str]:
+def describe(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[str]:
     """The plan for people (``--dry-run``, ``watchdog status``): one line per command."""
     return [f"{c.description} (node {c.node}, up to {_secs(c.timeout)}s): {shlex.join(c.argv)}"
-            for c in plan(section)]
+            for c in plan(section, nodes)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,42 +264,80 @@ class RestartOutcome:
     failed: str = ""  # the description of the command that failed (cancelled: of the one not run)
     duration: float = 0.0
     cancelled: bool = False
+    steps: tuple[dict[str, Any], ...] = ()  # what ran, in order, for events: commands and the /dev/shm check
+    shm: tuple[ShmReport, ...] = ()  # each node's /dev/shm check, when it ran
 
 
 class Restarter:
-    """Runs a restart plan; ``runners`` maps node name to the Runner that runs that node's commands."""
+    """Runs a restart plan; ``runners`` maps node name to the Runner that runs that node's commands, ``nodes`` gives
+    the other nodes' pre-start hooks, ``sweepers`` (node name -> Sweeper) the /dev/shm check (none: no check)."""
 
     def __init__(self, section: RestartSection, runners: Mapping[str, Runner] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, nodes: Sequence[NodeSection] = (),
+                 sweepers: Mapping[str, Sweeper] | None = None) -> None:
         self.section = section
         self.runners: dict[str, Runner] = dict(runners) if runners is not None else {"local": LocalRunner()}
         self.clock = clock
-        self.commands = plan(section)
+        self.commands = plan(section, nodes)
+        self.sweepers: dict[str, Sweeper] = dict(sweepers or {})
+        self.check_at = shm_check_at(self.commands)
         for command in self.commands:
             if command.node not in self.runners:
                 raise ValueError(f"no runner for node {command.node!r} ({command.description}); "
                                  f"runners: {', '.join(self.runners) or 'none'}")
 
+    def _check_shm(self, records: list[dict[str, Any]]) -> tuple[ShmReport, ...]:
+        reports = []
+        for node, sweep in self.sweepers.items():
+            started = self.clock()
+            try:
+                report = sweep()
+            except Exception as e:  # a sweeper should not raise; if it does, it is reported, not fatal
+                report = ShmReport(node, error=f"{type(e).__name__}: {e}")
+            reports.append(report)
+            records.append({"what": "shm check", "node": node, "ok": not report.error,
+                            "seconds": round(self.clock() - started, 2), "error": report.error,
+                            "stale": len(report.stale), "removed": len(report.removed)})
+            log.log(logging.WARNING if report.stale or report.error else logging.INFO,
+                    "restart: /dev/shm on node %s: %d stale segment(s), %d bytes; removed %d (%d bytes)%s", node,
+                    len(report.stale), sum(b for _, b in report.stale), len(report.removed),
+                    sum(b for _, b in report.removed), f"; {report.error}" if report.error else "")
+        return tuple(reports)
+
     def run(self, cancel: threading.Event | None = None) -> RestartOutcome:
         if not self.commands:
             raise ValueError("no restart steps configured")
         started = self.clock()
-        deadlines: dict[int | None, float] = {}  # by step (None: the pre-start hook)
+        deadlines: dict[object, float] = {}  # by step (a hook: by its node)
         results: list[RunResult] = []
-        for command in self.commands:
+        records: list[dict[str, Any]] = []
+        shm: tuple[ShmReport, ...] = ()
+
+        def outcome(ok: bool, failed: str = "", cancelled: bool = False) -> RestartOutcome:
+            return RestartOutcome(ok, tuple(results), failed, self.clock() - started, cancelled, tuple(records), shm)
+
+        for i, command in enumerate(self.commands):
             if cancel is not None and cancel.is_set():
                 log.info("restart: cancelled before %s", command.description)
-                return RestartOutcome(False, tuple(results), command.description, self.clock() - started, True)
+                return outcome(False, command.description, True)
+            if i == self.check_at:
+                shm = self._check_shm(records)
             now = self.clock()
-            time_left = deadlines.setdefault(command.step, now + command.timeout) - now
+            key = command.step if command.step is not None else ("pre-start", command.node)
+            time_left = deadlines.setdefault(key, now + command.timeout) - now
             if time_left > 0:
                 result = self.runners[command.node](_argv_for(command, time_left), time_left)
             else:
                 result = RunResult(command.argv, None, 0.0, True,
                                    error=f"not run: the step's {_secs(command.timeout)}s were used up")
             results.append(result)
+            records.append({"what": command.description, "node": command.node, "argv": shlex.join(result.argv)[:300],
+                            "ok": result.ok, "rc": result.rc, "seconds": round(result.duration, 2),
+                            "error": result.error})
             log.info("restart: %s: %s (rc %s, %.1fs)", command.description, result.error or "ok", result.rc,
                      result.duration)
             if not result.ok:
-                return RestartOutcome(False, tuple(results), command.description, self.clock() - started)
-        return RestartOutcome(True, tuple(results), "", self.clock() - started)
+                return outcome(False, command.description)
+        if self.check_at == len(self.commands):
+            shm = self._check_shm(records)
+        return outcome(True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STEP_KINDS = {"systemd": ("restart", "stop", "start"), "docker": ("restart", "stop", "start"), "command": ("run",)}
+# a command step's action says what it does (for the pre-start hooks and the /dev/shm check); "run": not said
+STEP_KINDS = {"systemd": ("restart", "stop", "start"), "docker": ("restart", "stop", "start"),
+              "command": ("run", "stop", "start", "restart")}
 NODES = ("local",)  # where a step runs: "local", or a node named in [[nodes]] (check_restart is given the names)
 
 
@@ -14,7 +16,7 @@ class StepSection:
     """One restart step: ``[[restart.steps]]``, run in the order written."""
 
     kind: str = "command"  # systemd | docker | command
-    action: str = ""  # systemd/docker: restart | stop | start; command: run (the default for each kind)
+    action: str = ""  # restart | stop | start; command also run (what it does unsaid); default: restart, run
     units: tuple[str, ...] = ()  # systemd: acted on one at a time, in this order
     containers: tuple[str, ...] = ()  # docker: likewise
     argv: tuple[str, ...] = ()  # command: the program and its arguments, never a shell string
@@ -31,6 +33,7 @@ class RestartSection:
     steps: tuple[StepSection, ...] = ()  # none: observe and alert only
     pre_start: tuple[str, ...] = ()  # argv run before the first start/restart step (e.g. drop page caches)
     pre_start_timeout: float = 120.0
+    remove_shm: bool = False  # before the first start, remove the segments a dead engine left in this host's /dev/shm
     dry_run: bool = False  # do everything except act
     supervised: bool = False  # the stack's own supervisor restarts an engine that exited: on down, only wait
     down_after: float = 10.0  # down this long (not a blip) before it counts as an incident

@@ -1,8 +1,9 @@
 """On the node: the engine's processes and their state (running, stopped, zombie, gone), cheaply, every few seconds.
 
 Discovery (every process's command line) runs once and again only when a rank is gone or every
-``rediscover_every`` seconds; in between each known rank costs one read of ``/proc/PID/stat``. A rank that is
-gone stays reported as gone until a new process with its title appears (a restart).
+``rediscover_every`` seconds (every ``GONE_REDISCOVER`` seconds while a rank is missing, so a restarted rank is
+seen within seconds); in between each known rank costs one read of ``/proc/PID/stat``. A rank that is gone stays
+reported as gone until a new process with its title appears (a restart).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from watchdog.evidence.model import EngineProcess
 from watchdog.nodes.protocol import RANK_STATES
 
 CAP_SYS_PTRACE = 19
+GONE_REDISCOVER = 5.0  # seconds between discoveries while a rank is reported gone (waiting for its successor)
 
 
 def stat_of(pid: int) -> tuple[str, str] | None:
@@ -52,7 +54,7 @@ class RankTracker:
             self.gone.pop(p.title, None)
 
     def poll(self) -> list[dict[str, Any]]:
-        if self.clock() - self.found_at >= self.every:
+        if self.clock() - self.found_at >= (min(self.every, GONE_REDISCOVER) if self.gone else self.every):
             self._rediscover()
         report = []
         lost = False
