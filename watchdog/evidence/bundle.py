@@ -22,6 +22,7 @@ from watchdog.evidence.gpu import corroborate, gpu_of
 from watchdog.evidence.gpu_culprit import RankView, gpu_culprit
 from watchdog.evidence.gpu_evidence import GpuEvidence, write_gpu_files
 from watchdog.evidence.model import Capture
+from watchdog.evidence.per_node import node_lines, per_node
 from watchdog.evidence.stacks import Frame
 
 MANIFEST_VERSION = 1
@@ -54,6 +55,7 @@ def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
     dumps = [r[p.pid] for r in capture.rounds if p.pid in r]
     return {
         "pid": p.pid, "role": p.role, "title": p.title, "ranks": p.ranks, "state": f.state,
+        "node": p.node, "node_pid": p.real_pid,  # pid is the capture's key; node_pid the pid on its own node
         "class": e.cls.value if e else None, "thread": e.thread if e else None, "why": e.why if e else f.error,
         "frames": _frames(e.frames) if e else [], "spec_decode": e.spec_decode if e else False,
         "moved": f.moved, "cpu_seconds_between_captures": f.cpu_seconds,
@@ -91,6 +93,8 @@ def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: C
         "problems": sorted({*findings.problems, *context.problems}),
         "ring_buffer_warnings_in_log": context.ring_warnings, "log_source": context.log_source,
         "versions": context.versions, "capture_options": capture.options, "files": files,
+        "nodes": per_node(capture, context.nodes, [*findings.problems, *context.problems], context.log_source,
+                          context.log_tail),
     }
 
 
@@ -114,6 +118,7 @@ def summary(m: dict[str, Any]) -> str:
         f"- poll-parking hypothesis: **{m['poll_parking']['status']}**: {m['poll_parking']['reason']}",
         f"- capture complete: {'yes' if m['capture_complete'] else 'NO'}" + _kinds(m.get("capture_failures", []))
         + (f"; shared-memory ring warnings in the log: {m['ring_buffer_warnings_in_log']}" if m["log_source"] else ""),
+        *([f"- {line}" for line in node_lines(m["nodes"])] if len(m.get("nodes") or {}) > 1 else []),
         "",
         "| process | pid | state | class | moved | CPU s | deciding frames |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -186,6 +191,11 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
                            ("gpu.csv", context.gpu)):
             if text:
                 _write(partial / name, text)
+                files.append(name)
+        for node, nc in context.nodes.items():  # every other node's own log tail, beside ours
+            if nc.log_tail:
+                name = f"log-tail-{node}.txt"
+                _write(partial / name, nc.log_tail)
                 files.append(name)
         if gpu is not None:
             files += write_gpu_files(partial, gpu)

@@ -16,6 +16,7 @@ from watchdog.evidence.bundle import BundleError, list_bundles
 from watchdog.evidence.explain import ProcessExplanation, classify, cross_rank, poll_parking
 from watchdog.evidence.gpu_nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.investigate import Investigator
+from watchdog.evidence.per_node import node_lines, per_node
 from watchdog.evidence.stacks import Frame, StackParseError, parse_any
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.fetch import MetricsFetcher
@@ -59,9 +60,13 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
         if gpu is not None:
             gpu.stop()
     f = evidence.findings
+    m = json.loads((path / "manifest.json").read_text()) if path else {}
+    # per node, what was captured (the bundle's, with logs and versions; else the capture's own)
+    m.setdefault("nodes", per_node(evidence.capture, {}, f.problems))
+    # complete: every rank's stacks read, and on every node ([[nodes]]): a node that could not be reached is missing
+    complete = f.complete and all(n["evidence"] != "missing" for k, n in m["nodes"].items() if k != "local")
     if args.json:
-        m = json.loads((path / "manifest.json").read_text()) if path else {}
-        print(json.dumps({"bundle": str(path) if path else None, "complete": f.complete, **m}, indent=2))
+        print(json.dumps({"bundle": str(path) if path else None, "complete": complete, **m}, indent=2))
     else:
         for p in f.processes:
             e = p.explanation
@@ -69,6 +74,9 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
             what = f"{e.cls.value}: {_frames_text(e.frames)}" if e else f"NO STACK: {p.error}"
             print(f"{p.process.label:24} pid {p.process.pid:<7} {p.process.role:12} rank {rank:8} state {p.state}  "
                   f"{what}")
+        if len(m["nodes"]) > 1:  # [[nodes]]: which node's evidence is here, which is missing
+            for line in node_lines(m["nodes"]):
+                print(line)
         print(f"culprit: {f.cross_rank.culprit or 'none named'}: {f.cross_rank.reason}")
         print(f"poll-parking: {f.hypothesis.status.value}: {f.hypothesis.reason}")
         for problem in f.problems:
@@ -76,7 +84,7 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
         print(f"bundle: {path}" if path else "bundle: NOT WRITTEN")
     if not f.processes:
         return EXIT_NOTHING
-    return EXIT_COMPLETE if f.complete and path is not None else EXIT_INCOMPLETE
+    return EXIT_COMPLETE if complete and path is not None else EXIT_INCOMPLETE
 
 
 def _explanation_json(e: ProcessExplanation) -> dict[str, Any]:

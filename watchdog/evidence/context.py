@@ -16,6 +16,7 @@ import psutil
 
 from watchdog import __version__
 from watchdog.evidence.capture import DumpRunner, run_argv
+from watchdog.evidence.per_node import NodeContext
 from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class Context:
     gpu: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    nodes: dict[str, NodeContext] = field(default_factory=dict)  # every other node's own part ([[nodes]])
 
 
 @dataclass(frozen=True, slots=True)

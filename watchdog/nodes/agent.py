@@ -31,8 +31,10 @@ from watchdog.nodes.agent_config import DEFAULT_PATH, AgentConfig, load_agent_co
 from watchdog.nodes.protocol import (
     MAX_REQUEST_BYTES,
     PROTOCOL,
+    LogRefused,
     ProtocolError,
     capture_to_json,
+    choose_log,
     parse_args,
     parse_verb,
     process_to_json,
@@ -105,11 +107,23 @@ class Agent:
         return {"capture": capture_to_json(capture), "time": t0, "monotonic": capturer.clock(), "wall": time.time()}
 
     def verb_context(self, args: dict[str, Any]) -> dict[str, Any]:
-        src = LogSource(self.cfg.log_file, self.cfg.journal_unit, self.cfg.docker_container,
-                        int(want_number(args, "lines", 200, 0, 5000)))
+        """Log tail, versions, /dev/shm. The log is the one the head's entry names if this node's config allows
+        exactly that one (else refused: said in the answer and the audit log), or this node's own when it names none."""
+        lines = int(want_number(args, "lines", 200, 0, 5000))
+        own = {"journal_unit": self.cfg.journal_unit, "docker_container": self.cfg.docker_container,
+               "log_file": self.cfg.log_file}
+        refused = ""
+        try:
+            kind, name = choose_log(args.get("log"), own)
+        except LogRefused as e:
+            log.warning("refused: %s", e)
+            kind, name, refused = "", "", str(e)
+        pick = {k: name if kind == k else "" for k in ("log_file", "journal_unit", "docker_container")}
+        src = LogSource(pick["log_file"], pick["journal_unit"], pick["docker_container"], lines)
         tail, where, problem = log_tail(src)
         pids = [p.pid for p in self.processes() if p.ranks]
-        return {"time": time.time(), "log_tail": tail[-512 * 1024:], "log_source": where, "problem": problem,
+        return {"time": time.time(), "log_tail": tail[-512 * 1024:], "log_source": where,
+                "problem": refused or problem, "log_refused": refused,
                 "versions": _versions(pids, self.pyspy), "shm": [s.name for s in shm_segments(self.cfg.shm_dir)]}
 
     def verb_liveness(self, args: dict[str, Any]) -> dict[str, Any]:

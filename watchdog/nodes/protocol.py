@@ -27,6 +27,10 @@ class ProtocolError(ValueError):
     """A request or an answer that is not what the protocol allows; the message says what."""
 
 
+class LogRefused(ProtocolError):
+    """The head asked for a log this node's config does not let it read."""
+
+
 def parse_verb(command: str | None) -> str:
     """The verb of ``SSH_ORIGINAL_COMMAND``: exactly one known word, nothing else."""
     if command is None or not command.strip():
@@ -77,6 +81,42 @@ def want_number(args: dict[str, Any], key: str, default: float, low: float, high
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
         raise ProtocolError(f"{key} must be a number in {low:g}..{high:g}")
     return float(value)
+
+
+# ---------------------------------------------------------------- which log the head may read there
+
+LOG_KINDS = ("journal_unit", "docker_container", "log_file")
+
+
+def log_wanted(journal_unit: str = "", docker_container: str = "", log_file: str = "") -> dict[str, str]:
+    """The head's ``log`` argument for ``context``: its ``[[nodes]]`` entry's one source, or {} (none named)."""
+    given = {"journal_unit": journal_unit, "docker_container": docker_container, "log_file": log_file}
+    return {k: v for k, v in given.items() if v}
+
+
+def choose_log(wanted: object, own: dict[str, str]) -> tuple[str, str]:
+    """The one log the agent reads: (kind, name), or ("", "") for none.
+
+    The head's ``[[nodes]]`` entry says which log it wants; the node's own config names the one log it lets the head
+    read (``own``: kind -> name, empty values ignored). The head's choice is read only if it is exactly the node's;
+    a head that names none gets the node's own. Another log raises `LogRefused`; a malformed ``log``, `ProtocolError`.
+    """
+    if wanted is None:
+        wanted = {}
+    if not isinstance(wanted, dict) or len(wanted) > 1 or any(
+            k not in LOG_KINDS or not isinstance(v, str) or not v for k, v in wanted.items()):
+        raise ProtocolError("log must be an object with one of " + ", ".join(LOG_KINDS) + " (a non-empty string)")
+    mine = [(k, v) for k, v in own.items() if v]
+    if not wanted:
+        return mine[0] if mine else ("", "")
+    ((kind, name),) = wanted.items()
+    if not mine:
+        raise LogRefused(f"log refused: the head asks for {kind} {name!r}, but this node's config allows no log "
+                            f"(set one of {', '.join(LOG_KINDS)} in its agent config)")
+    if (kind, name) != mine[0]:
+        raise LogRefused(f"log refused: the head asks for {kind} {name!r}, but this node's config allows only "
+                            f"{mine[0][0]} {mine[0][1]!r}")
+    return kind, name
 
 
 # ---------------------------------------------------------------- evidence across the wire

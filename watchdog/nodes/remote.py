@@ -5,8 +5,9 @@ restart steps run there.
   rounds, the same gap) run in parallel and are merged into one `Capture`; another node's process is keyed by
   ``node index << 23 | pid`` (pids of two nodes collide; a pid is below 2**22) and keeps its own pid and node;
   a node that cannot be reached is a capture problem naming it, never silence;
-- `RemoteEvidence.context(base)`: each node's log tail, versions, /dev/shm segments and clock offset added to the
-  bundle's context;
+- `RemoteEvidence.context(base)`: each node's own log tail (the source its ``[[nodes]]`` entry names, read only if
+  that node's agent config allows exactly it; none named: the node's own), versions, /dev/shm segments and clock
+  offset, kept per node in the bundle's context;
 - `SshRunner`: a restart `Runner` for one node (the agent runs the command only if that node's config allows it).
 """
 
@@ -20,9 +21,10 @@ from typing import Any
 
 from watchdog.act.restart import RunResult
 from watchdog.config.load import Config
-from watchdog.evidence.context import Context
+from watchdog.evidence.context import RING_WARNING, Context
 from watchdog.evidence.model import Capture, Dump, EngineProcess
-from watchdog.nodes.protocol import ProtocolError, dump_from_json, process_from_json
+from watchdog.evidence.per_node import NodeContext
+from watchdog.nodes.protocol import ProtocolError, dump_from_json, log_wanted, process_from_json
 from watchdog.nodes.transport import NodeError, NodeLink
 
 KEY_SHIFT = 23
@@ -35,6 +37,7 @@ class NodeCapture:
     rounds: tuple[dict[int, Dump], ...] = ()
     problems: tuple[str, ...] = ()
     clock_offset: float | None = None  # the node's wall clock minus ours, seconds (half a round trip of error)
+    reachable: bool = True  # False: the call did not get through (unreachable, timed out)
 
 
 class RemoteEvidence:
@@ -63,7 +66,12 @@ class RemoteEvidence:
             self.offsets[name] = round(float(a["wall"]) - (sent + got) / 2, 3)
             problems = tuple(f"node {name}: {p}" for p in cap.get("problems", []))
             return NodeCapture(name, tuple(procs), rounds, problems, self.offsets[name])
-        except (NodeError, ProtocolError, KeyError, TypeError, ValueError) as e:
+        except NodeError as e:
+            if e.kind in ("unreachable", "timeout"):
+                return NodeCapture(name, problems=(f"node {name} unreachable: no stacks: {e.message}",),
+                                   reachable=False)
+            return NodeCapture(name, problems=(f"node {name}: no stacks: {e.message}",))
+        except (ProtocolError, KeyError, TypeError, ValueError) as e:
             return NodeCapture(name, problems=(f"node {name}: no stacks: {e}",))
 
     def capture_with(self, local: Callable[[], Capture]) -> Capture:
@@ -76,25 +84,34 @@ class RemoteEvidence:
         return merge(base, remote)
 
     def context(self, base: Context) -> Context:
-        tails, versions, problems = [base.log_tail], dict(base.versions), list(base.problems)
+        """Each node's own log tail (the one its ``[[nodes]]`` entry names, if that node allows it; else the node's
+        own), versions, /dev/shm segments; kept per node (`Context.nodes`), versions also flattened as before."""
+        versions, problems, nodes = dict(base.versions), list(base.problems), dict(base.nodes)
+        ring = base.ring_warnings
         for name, link in self.links.items():
             node = next(n for n in self.cfg.nodes if n.name == name)
+            wanted = log_wanted(node.journal_unit, node.docker_container, node.log_file)
             try:
-                a = link.call("context", {"lines": node.log_lines})
+                a = link.call("context", {"lines": node.log_lines, "log": wanted})
             except NodeError as e:
-                problems.append(f"node {name}: no context: {e.message}")
+                lost = "unreachable" if e.kind in ("unreachable", "timeout") else "refused"
+                problems.append(f"node {name} {lost}: no context: {e.message}")
+                nodes[name] = NodeContext(False, problems=(problems[-1],))
                 continue
-            tails.append(f"\n===== node {name}: {a.get('log_source') or 'no log configured there'} =====\n"
-                         + str(a.get("log_tail", "")))
-            for k, v in dict(a.get("versions", {})).items():
-                versions[f"{k} (node {name})"] = str(v)
+            tail = str(a.get("log_tail", ""))
+            ring += tail.count(RING_WARNING)
+            theirs = {str(k): str(v) for k, v in dict(a.get("versions", {})).items()}
+            versions.update({f"{k} (node {name})": v for k, v in theirs.items()})
             if name in self.offsets:
                 versions[f"clock offset s (node {name})"] = str(self.offsets[name])
-            if a.get("shm"):
-                versions[f"shm segments (node {name})"] = str(len(a["shm"]))
-            if a.get("problem"):
-                problems.append(f"node {name}: {a['problem']}")
-        return replace(base, log_tail="".join(tails), versions=versions, problems=tuple(problems))
+            shm = a.get("shm")
+            if shm:
+                versions[f"shm segments (node {name})"] = str(len(shm))
+            mine = (f"node {name}: {a['problem']}",) if a.get("problem") else ()
+            problems.extend(mine)
+            nodes[name] = NodeContext(True, tail, str(a.get("log_source") or ""), theirs,
+                                      len(shm) if isinstance(shm, list) else None, mine)
+        return replace(base, versions=versions, problems=tuple(problems), nodes=nodes, ring_warnings=ring)
 
     def close(self) -> None:
         for link in self.links.values():
@@ -114,7 +131,8 @@ def merge(base: Capture, remote: Sequence[NodeCapture]) -> Capture:
                 rounds[i].update(rnd)
         problems.extend(r.problems)
     options: dict[str, Any] = {**base.options, "nodes": {r.node: {"processes": len(r.processes),
-                                                                  "clock_offset_s": r.clock_offset}
+                                                                  "clock_offset_s": r.clock_offset,
+                                                                  "reachable": r.reachable}
                                                          for r in remote}}
     return Capture(tuple(processes), tuple(rounds), tuple(problems), options)
 
