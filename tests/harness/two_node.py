@@ -2,7 +2,9 @@
 
 - the worker node: `SshNode` (its own network, PID and mount namespaces, a real sshd, its own /dev/shm);
 - the head: its own PID and mount namespaces (so its /proc, and a watchdog started in it, sees only the head's
-  processes), in this network namespace, joined to the worker by the veth pair;
+  processes) with its own /dev/shm (a tmpfs: a restart may remove the stale segments there without touching the
+  machine's), in this network namespace, joined to the worker by the veth pair; `HeadWatchdog` runs
+  `watchdog run` in it;
 - head: ``vllm serve --nnodes 2 --node-rank 0 --master-addr <head address>`` (API server, EngineCore,
   Worker_TP0); worker: ``--node-rank 1 --headless`` (a plain parent and Worker_TP1, no HTTP); both with
   GLOO_SOCKET_IFNAME and VLLM_HOST_IP of their end of the veth.
@@ -26,6 +28,7 @@ import requests
 
 from tests.harness.server import BASE_ENV, free_port
 from tests.harness.sshnode import REAPER, SshNode
+from tests.harness.watcher import WatchdogProcess
 
 HERE = Path(__file__).resolve().parent
 CTL = HERE / "two_node_ctl.py"
@@ -60,9 +63,10 @@ class TwoNodeVllm:
 
     def start_head_namespace(self) -> None:
         (self.run / "reaper.py").write_text(REAPER)
-        self.head_holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
-                                             str(self.run / "reaper.py")], stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+        boot = (f"mount --make-rprivate / && mount -t tmpfs -o size=2g tmpfs /dev/shm && "
+                f"exec {sys.executable} {self.run}/reaper.py")
+        self.head_holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", boot],
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             kids = Path(f"/proc/{self.head_holder.pid}/task/{self.head_holder.pid}/children").read_text().split()
@@ -142,3 +146,42 @@ class TwoNodeVllm:
                 os.killpg(self.head_holder.pid, signal.SIGKILL)
             self.head_holder.wait(timeout=10)
             self.head_holder = None
+
+
+class HeadWatchdog(WatchdogProcess):
+    """`python -m watchdog run` in the head's PID and mount namespaces (as on a real head node: its /proc holds
+    only the head's processes), in a session of its own; ended by its process group (nsenter and the daemon)."""
+
+    def __init__(self, pair: TwoNodeVllm, state_dir: Path, config_text: str) -> None:
+        super().__init__(pair.url, state_dir, config_text)
+        self.prefix = pair.head_nsenter()
+
+    def start(self) -> HeadWatchdog:
+        with open(self.log_path, "ab") as log:
+            self._popen = subprocess.Popen(
+                [*self.prefix, sys.executable, "-m", "watchdog", "run", "--url", self.url, "--state-dir",
+                 str(self.state_dir), "--config", str(self.config), "--metrics-port", "0"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.started_at = time.time()
+        return self
+
+    def status(self) -> dict[str, object]:
+        try:
+            return dict(json.loads((self.state_dir / "status.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def stop(self) -> int | None:
+        p = self._popen
+        if p is None:
+            return None
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        return p.returncode

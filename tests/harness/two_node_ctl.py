@@ -1,10 +1,12 @@
 """Start or stop one half of the two-node vLLM, as a restart step does on a real node (a unit's ExecStart/Stop).
 
-    python two_node_ctl.py start|stop head|worker RUN_DIR
+    python two_node_ctl.py start|stop|pre-start head|worker RUN_DIR
 
 Reads RUN_DIR/<role>.json (argv, env, log), started detached in a session of its own with its pid in
-RUN_DIR/<role>.pid; stop ends that session (SIGTERM, then SIGKILL after 15 s). Run with the engine venv's or
-any python: it only starts and signals processes. vLLM's own launcher must be run through `vllm_serve_main.py`.
+RUN_DIR/<role>.pid; stop ends that session (SIGTERM, then SIGKILL after 15 s); pre-start does nothing but say it
+ran (a pre-start hook). Every call appends "<unix time> <verb> <role> <pid namespace>" to RUN_DIR/steps.log when it
+begins, so a test can check the order of the steps across nodes. Run with the engine venv's or any python: it only
+starts and signals processes. vLLM's own launcher must be run through `vllm_serve_main.py`.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ def stop(run: Path, role: str) -> int:
     return 0
 
 
+def note(run: Path, verb: str, role: str) -> None:
+    with open(run / "steps.log", "a", encoding="utf-8") as f:
+        f.write(f"{time.time():.3f} {verb} {role} {os.readlink('/proc/self/ns/pid')}\n")
+
+
 if __name__ == "__main__":
     verb, who, run_dir = sys.argv[1:4]
-    sys.exit((start if verb == "start" else stop)(Path(run_dir), who))
+    note(Path(run_dir), verb, who)
+    sys.exit({"start": start, "stop": stop}.get(verb, lambda _run, _role: 0)(Path(run_dir), who))

@@ -299,3 +299,18 @@ def test_a_rank_gone_is_looked_for_again_every_few_seconds_not_only_every_redisc
     found[0] = [EngineProcess(os.getpid(), Role.WORKER, "VLLM::Worker_TP1", {"tp": 1})]  # the restart's successor
     now[0] = 7.5
     assert [r["state"] for r in tracker.poll()] == ["running"]
+
+
+def test_a_lost_rank_names_itself_first_in_a_down_the_head_saw_too() -> None:
+    from watchdog.nodes.liveness import NodeView, overlay
+    from watchdog.nodes.protocol import RankState
+    from watchdog.types import Verdict
+
+    lost = NodeView("w1", "rank_lost", "VLLM::Worker_TP1 (pid 15) exited on node w1",
+                    (RankState(15, "VLLM::Worker_TP1", "worker", "gone"),))
+    down = Verdict("0", State.DOWN, "nothing listening (connection refused)", 10.0, 12.0)
+    working = Verdict("0", State.WORKING, "running=2", 5.0, 12.0)
+    assert [(v.state, v.reason) for v in overlay([down, working], [lost])] == [
+        (State.DOWN, "VLLM::Worker_TP1 (pid 15) exited on node w1; nothing listening (connection refused)"),
+        (State.DOWN, "VLLM::Worker_TP1 (pid 15) exited on node w1")]
+    assert overlay([down], [])[0] == down

@@ -8,7 +8,9 @@
 - else ``ok``.
 
 `overlay` turns these into the engine verdicts the act stage sees: a lost rank makes a healthy-looking engine
-``down`` (it cannot serve), a blind node makes it ``blind`` (cannot judge; blind never restarts).
+``down`` (it cannot serve), and names itself first in a ``down`` the head saw on its own (vLLM shuts the head down
+about 2 s after a remote rank dies: the lost rank is the cause, "connection refused" the consequence); a blind node
+makes a healthy-looking engine ``blind`` (cannot judge; blind never restarts).
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ def overlay(verdicts: list[Verdict], views: list[NodeView]) -> list[Verdict]:
     out = []
     for v in verdicts:
         seen = v
-        if lost and v.state in (*HEALTHY, State.FROZEN):
-            seen = replace(v, state=State.DOWN, reason="; ".join(x.reason for x in lost))
+        if lost and v.state in (*HEALTHY, State.FROZEN, State.DOWN):
+            ours = [v.reason] if v.state == State.DOWN else []
+            seen = replace(v, state=State.DOWN, reason="; ".join([*(x.reason for x in lost), *ours]))
         elif blind and v.state in HEALTHY:
             seen = replace(v, state=State.BLIND, reason="; ".join(x.reason for x in blind))
         out.append(seen)
