@@ -147,7 +147,7 @@ def test_dump_json_says_per_node_what_was_captured(node: SshNode, tmp_path: Path
     w1, w2 = nodes["worker1"], nodes["worker2"]
     assert [(p["title"], p["role"]) for p in w1["processes"]] == [("VLLM::Worker_TP1", "worker")]
     assert w1["dumps"] == {"ok": 2, "failed": 0} and w1["stacks"] == "all" and w1["evidence"] == "complete"
-    assert w1["reachable"] is True and abs(w1["clock_offset_s"]) < 1.0  # one machine: the same clock
+    assert w1["reachable"] is True and abs(w1["clock_offset_s"]) < 0.3  # one machine: one clock
     assert w1["log_source"] == str(node.engine_log) and w1["log_lines"] == 51  # type: ignore[attr-defined]
     assert w1["versions"]["watchdog"] and w1["problems"] == []
     assert w2["reachable"] is False and w2["evidence"] == "missing" and w2["processes"] == []

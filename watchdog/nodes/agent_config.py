@@ -3,7 +3,8 @@ do. The head asks; this file decides. Unknown keys are rejected with the key nam
 
 ```toml
 process_prefix = "VLLM::"
-journal_unit = "vllm-worker.service"    # the one log the head may read here (or log_file / docker_container)
+journal_unit = "vllm-worker.service"    # the one log the head may read here (or log_file / docker_container):
+                                       # the head's [[nodes]] entry may name it (exactly this one) or none
 pre_start = ["/bin/sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches"]
 remove_shm = true                      # the head may remove stale psm_* / sem.mp-* segments in /dev/shm
 audit_log = "/var/log/engine-watchdog/agent.log"

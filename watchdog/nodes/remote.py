@@ -36,7 +36,7 @@ class NodeCapture:
     processes: tuple[EngineProcess, ...] = ()
     rounds: tuple[dict[int, Dump], ...] = ()
     problems: tuple[str, ...] = ()
-    clock_offset: float | None = None  # the node's wall clock minus ours, seconds (half a round trip of error)
+    clock_offset: float | None = None  # the node's wall clock minus ours, seconds (low by the answer's way back)
     reachable: bool = True  # False: the call did not get through (unreachable, timed out)
 
 
@@ -50,7 +50,6 @@ class RemoteEvidence:
         c = self.cfg.capture
         args = {"rounds": c.rounds, "gap": c.gap, "timeout": c.timeout, "native": c.native, "locals": c.locals}
         budget = c.rounds * (2 * c.timeout) + c.gap * c.rounds + 15
-        sent = time.time()
         try:
             a = self.links[name].call("stacks", args, timeout=budget)
             got = time.time()
@@ -63,7 +62,10 @@ class RemoteEvidence:
                 procs.append(process_from_json(d, name, key))
             rounds = tuple({keys[int(x["pid"])]: dump_from_json(x, keys[int(x["pid"])], 0.0)
                             for x in r if int(x["pid"]) in keys} for r in cap["rounds"])
-            self.offsets[name] = round(float(a["wall"]) - (sent + got) / 2, 3)
+            # the node stamps its answer ("wall") as it sends it, after the capture's seconds: its clock minus ours is
+            # wall - got, low by the answer's way back and the agent's exit (tens of ms; measured 1.5 s off when it
+            # was taken against the middle of the call, which holds the whole capture)
+            self.offsets[name] = round(float(a["wall"]) - got, 3)
             problems = tuple(f"node {name}: {p}" for p in cap.get("problems", []))
             return NodeCapture(name, tuple(procs), rounds, problems, self.offsets[name])
         except NodeError as e:
