@@ -72,29 +72,45 @@ while True:
 """
 
 
+def run_ns(pid: int) -> int:
+    """Nanoseconds on a CPU of every live thread of ``pid`` (/proc/PID/task/*/schedstat): not rounded to ticks."""
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            total += int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
+    return total
+
+
 class TreeCpu:
     """CPU seconds (utime+stime) of a process and everything under it since `__init__`, children that exited and
-    were reaped inside the tree included (their parent's children times), counted once."""
+    were reaped inside the tree included (their parent's children times), counted once. utime/stime move in clock
+    ticks (10 ms); `precise` adds up schedstat (ns) of the processes alive at the end instead (those that exited
+    in the window, and threads that ended, are not in it)."""
 
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)
         self.t0, self.start = self.snap(), time.monotonic()
 
-    def snap(self) -> tuple[float, dict[tuple[int, float], float]]:
+    def snap(self) -> tuple[float, dict[tuple[int, float], tuple[float, int]]]:
         def total(p: psutil.Process) -> float:
             t = p.cpu_times()
             return t.user + t.system + t.children_user + t.children_system
 
-        kids = {}
-        for c in self.root.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                kids[(c.pid, c.create_time())] = total(c)
-        return total(self.root), kids
+        procs = {}
+        for c in [self.root, *self.root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error, OSError):
+                procs[(c.pid, c.create_time())] = (total(c), run_ns(c.pid))
+        return total(self.root), procs
 
-    def seconds(self) -> float:
+    def seconds(self) -> tuple[float, float]:
+        """(utime+stime seconds, schedstat seconds of the live processes) since the start."""
         (r0, k0), (r1, k1) = self.t0, self.snap()
-        return (r1 - r0 + sum(v - k0.get(k, 0.0) for k, v in k1.items())
-                - sum(v for k, v in k0.items() if k not in k1))  # an exited one's total reappears in its parent's
+        kids0 = {k: v for k, v in k0.items() if k[0] != self.root.pid}
+        kids1 = {k: v for k, v in k1.items() if k[0] != self.root.pid}
+        ticks = (r1 - r0 + sum(v[0] - kids0.get(k, (0.0, 0))[0] for k, v in kids1.items())
+                 - sum(v[0] for k, v in kids0.items() if k not in kids1))  # an exited one reappears in its parent
+        precise = sum(v[1] - k0.get(k, (0.0, 0))[1] for k, v in k1.items()) / 1e9
+        return ticks, precise
 
 
 def pct(seconds: float, wall: float) -> float:
@@ -188,7 +204,8 @@ def cpu(pair: TwoNodeVllm, d: Daemon, seconds: float) -> dict[str, Any]:
                      "worker_watchdog": TreeCpu(sshd_listener(pair.node)), "worker_naive": TreeCpu(naive_worker.pid)}
             load_before = os.getloadavg()
             time.sleep(seconds)
-            used = {k: t.seconds() for k, t in trees.items()}
+            both = {k: t.seconds() for k, t in trees.items()}
+            used = {k: v[0] for k, v in both.items()}
             wall = time.monotonic() - trees["head_watchdog"].start
             stats = load.stop()
     finally:
@@ -201,6 +218,7 @@ def cpu(pair: TwoNodeVllm, d: Daemon, seconds: float) -> dict[str, Any]:
     for k, v in used.items():
         out[f"{k}_cpu_seconds"] = round(v, 3)
         out[f"{k}_percent_of_a_core"] = pct(v, wall)
+        out[f"{k}_schedstat_percent_of_a_core"] = round(100 * both[k][1] / wall, 4)
     for side in ("head", "worker"):
         out[f"{side}_ratio_watchdog_to_naive"] = round(used[f"{side}_watchdog"] / max(used[f"{side}_naive"], 1e-9), 3)
     out["head_goal_0.3_met"] = out["head_watchdog_percent_of_a_core"] <= 0.3
@@ -301,9 +319,15 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()}
+    # parts measured in earlier runs stay (each part says when and at which commit); this run's replace theirs
+    results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    results.update({"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()})
+    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                            text=True, check=False).stdout.strip()
 
     def save(key: str, value: Any) -> None:  # after each part: a later part's failure keeps the earlier figures
+        if isinstance(value, dict):
+            value = {**value, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit}
         results[key] = value
         print(json.dumps({k: v for k, v in value.items() if k != "runs"} if isinstance(value, dict) else value),
               flush=True)
@@ -323,7 +347,7 @@ def main() -> int:
             d.state_is("idle", 90, d.started)
             d.wait(lambda e: e["event"] == "node_state" and e["state"] == "ok", 60, d.started, "node ok")
             if args.cpu_seconds:
-                save("cpu", cpu(pair, d, args.cpu_seconds))
+                save("cpu" if args.cpu_seconds == 120 else f"cpu_{args.cpu_seconds:g}s", cpu(pair, d, args.cpu_seconds))
             if args.freezes:
                 save("suspicion_to_bundle", freezes(pair, d, args.freezes))
             if args.kills:
