@@ -167,7 +167,9 @@ def test_link_to_the_worker_cut_while_idle_is_blind_for_that_node_and_never_a_re
     report interval, a pass), must not restart on that alone, and must see the node again once the link is back."""
     pair.wait_ready(60)
     w = head_watchdog()
-    wait_for("idle with node worker1 seen", lambda: engine_state(w)[0] == "idle" and node_event(w, "ok", 0), 120, w)
+    # idle for 5 s (suspect_after): no request left over from scenario 1, the watchdog's first probe answered
+    wait_for("idle for 5 s with node worker1 seen", lambda: engine_state(w)[0] == "idle"
+             and float(w.status()["engines"][0]["for_seconds"]) >= 5 and node_event(w, "ok", 0), 120, w)
     cut = time.time()
     pair.node.link(False)
     try:

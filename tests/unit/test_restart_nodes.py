@@ -314,3 +314,15 @@ def test_a_lost_rank_names_itself_first_in_a_down_the_head_saw_too() -> None:
         (State.DOWN, "VLLM::Worker_TP1 (pid 15) exited on node w1; nothing listening (connection refused)"),
         (State.DOWN, "VLLM::Worker_TP1 (pid 15) exited on node w1")]
     assert overlay([down], [])[0] == down
+
+
+def test_a_node_not_seen_makes_a_frozen_engine_blind_too_never_an_incident() -> None:
+    from watchdog.nodes.liveness import NodeView, overlay
+    from watchdog.types import Verdict
+
+    blind = NodeView("w1", "blind", "cannot see node w1: no liveness report for 6s")
+    frozen = Verdict("0", State.FROZEN, "stacks confirm: every rank parked", 10.0, 12.0)
+    down = Verdict("0", State.DOWN, "nothing listening (connection refused)", 10.0, 12.0)
+    assert [(v.state, v.reason) for v in overlay([frozen, down], [blind])] == [
+        (State.BLIND, "cannot see node w1: no liveness report for 6s; stacks confirm: every rank parked"),
+        (State.DOWN, "nothing listening (connection refused)")]

@@ -10,7 +10,9 @@
 `overlay` turns these into the engine verdicts the act stage sees: a lost rank makes a healthy-looking engine
 ``down`` (it cannot serve), and names itself first in a ``down`` the head saw on its own (vLLM shuts the head down
 about 2 s after a remote rank dies: the lost rank is the cause, "connection refused" the consequence); a blind node
-makes a healthy-looking engine ``blind`` (cannot judge; blind never restarts).
+makes a healthy-looking or frozen engine ``blind`` (cannot judge; blind never restarts): with ranks on that node
+every step needs it, so a freeze may be the cut itself (a probe sent across a cut link hangs: seen on the real
+pair), and a restart could not reach that node's steps after stopping the head's.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ def overlay(verdicts: list[Verdict], views: list[NodeView]) -> list[Verdict]:
         if lost and v.state in (*HEALTHY, State.FROZEN, State.DOWN):
             ours = [v.reason] if v.state == State.DOWN else []
             seen = replace(v, state=State.DOWN, reason="; ".join([*(x.reason for x in lost), *ours]))
-        elif blind and v.state in HEALTHY:
-            seen = replace(v, state=State.BLIND, reason="; ".join(x.reason for x in blind))
+        elif blind and v.state in (*HEALTHY, State.FROZEN):
+            ours = [v.reason] if v.state == State.FROZEN else []
+            seen = replace(v, state=State.BLIND, reason="; ".join([*(x.reason for x in blind), *ours]))
         out.append(seen)
     return out
