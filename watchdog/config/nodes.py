@@ -1,8 +1,10 @@
 """The other nodes of a stack: ``[[nodes]]``, each reached over OpenSSH with a key bound to a forced command.
 
 A node is named once here; ``node = "<name>"`` on a restart step runs that step there (``"local"`` is this host).
-Its log tail (``journal_unit``, ``docker_container`` or ``log_file``) is read on that node, its pre-start hook runs
-there before the first start step on it. `watchdog.nodes` is the transport and the agent at the other end.
+Its log tail (``journal_unit``, ``docker_container`` or ``log_file``) is read on that node; its pre-start hook runs
+there, right before the first starting step on that node (before the first starting step overall when it has none:
+`watchdog.act.restart`); with ``remove_shm`` the stale /dev/shm segments there are removed before the first start.
+`watchdog.nodes` is the transport and the agent at the other end.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ class NodeSection:
     max_bytes: int = 16 * 1024 * 1024  # the most one call may answer; more and the call is ended
     liveness_interval: float = 2.0  # the node reports its ranks this often
     liveness_stale: float = 6.0  # no report for this long: the node cannot be seen (blind for that node)
-    pre_start: tuple[str, ...] = ()  # argv run there before the first start step on this node
+    pre_start: tuple[str, ...] = ()  # argv run there before the first starting step on this node (its agent allows it)
     pre_start_timeout: float = 120.0
     journal_unit: str = ""  # the engine's log there: a systemd unit, or
     docker_container: str = ""  # a container, or
     log_file: str = ""  # a file
     log_lines: int = 200
-    remove_shm: bool = False  # after a stop, remove the segments a dead engine left in /dev/shm there
+    remove_shm: bool = False  # before the first start, remove the segments a dead engine left in /dev/shm there
 
 
 def check_nodes(nodes: tuple[NodeSection, ...]) -> None:
