@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +60,7 @@ def main() -> None:
         with contextlib.suppress(Exception):
             pair.close()
         node.close()
+        shutil.rmtree(root, ignore_errors=True)
     Path(a.out).write_text(json.dumps({"runs": runs}, indent=1) + "\n")
 
 
