@@ -326,3 +326,25 @@ def test_a_node_not_seen_makes_a_frozen_engine_blind_too_never_an_incident() -> 
     assert [(v.state, v.reason) for v in overlay([frozen, down], [blind])] == [
         (State.BLIND, "cannot see node w1: no liveness report for 6s; stacks confirm: every rank parked"),
         (State.DOWN, "nothing listening (connection refused)")]
+
+
+def test_the_act_stage_plans_each_node_hook_and_checks_shm_on_every_node(tmp_path: Path) -> None:
+    from watchdog.act.assemble import Act
+    from watchdog.act.shm_sweep import LocalShm, NodeShm
+
+    p = tmp_path / "w.toml"
+    p.write_text('[restart]\npre_start = ["/bin/h"]\n'
+                 '[[restart.steps]]\nkind = "command"\naction = "stop"\nargv = ["/stop"]\nnode = "w1"\n'
+                 '[[restart.steps]]\nkind = "command"\naction = "start"\nargv = ["/start"]\nnode = "w1"\n'
+                 '[[nodes]]\nname = "w1"\nhost = "10.0.0.2"\nidentity_file = "/k"\nknown_hosts_file = "/h"\n'
+                 'pre_start = ["/bin/w"]\nremove_shm = true\n')
+    act = Act(load(str(p)), tmp_path, lambda _e: None, None)  # type: ignore[arg-type]  # no generation here
+    try:
+        assert [line.split(" (")[0] for line in act.responder.plan] == [
+            "command /stop", "pre-start hook", "pre-start hook on node w1", "command /start"]
+        assert act.restarter is not None
+        sweepers = act.restarter.sweepers
+        assert list(sweepers) == ["local", "w1"] and isinstance(sweepers["local"], LocalShm)
+        assert isinstance(sweepers["w1"], NodeShm) and sweepers["w1"].remove and not sweepers["local"].remove
+    finally:
+        act.close()

@@ -49,6 +49,7 @@ class Act:
         runners = {"local": LocalRunner(), **node_runners(cfg, self.links)} if cfg.nodes else None
         restarter = Restarter(cfg.restart, runners, nodes=cfg.nodes,
                               sweepers=sweepers(cfg, self.links)) if cfg.restart.steps else None
+        self.restarter = restarter
 
         def generate() -> tuple[bool, bool, str]:
             ok, answered, detail, _model = generate_once(http, cfg.probe.timeout, cfg.probe.model)
