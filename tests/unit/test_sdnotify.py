@@ -305,8 +305,9 @@ class HeldServer:
             conn, _ = self.sock.accept()
             with conn:
                 conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n"
-                             b"Connection: close\r\n\r\n")
+                page = b'vllm:num_requests_running{engine="0"} 0\n'  # a reading: no second GET for the whole page
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                             b"Connection: close\r\n\r\n%s" % (len(page), page))
             held, _ = self.sock.accept()
             with held:
                 self.holding.set()

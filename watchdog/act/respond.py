@@ -65,7 +65,7 @@ class Responder:
         self._verdicts: dict[str, Verdict] = {}
         self._mono = 0.0
         self._quiet_since: float | None = None  # monotonic time the last incident ended: older verdicts are spent
-        self._control_seen: tuple[int, int, int] | None = None
+        self._control_seen: tuple[int, int, int] | None = (-1, -1, -1)  # not yet read
         self._reserved: dict[str, str] = {}  # engine -> the id its freeze's bundle took before the incident opened
 
     # -- the pass --------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ class Responder:
             seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
         except OSError:
             seen = None
-        if seen != self._control_seen or seen is None:
+        if seen != self._control_seen:
             self.control = load_control(self.state_dir) if seen is not None else Control()
             self._control_seen = seen
 

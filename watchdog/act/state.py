@@ -70,6 +70,15 @@ def iso(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _encode(obj: object) -> str:
+    """JSON with one top-level key a line, for people; each value in one piece by the C encoder (``indent=``
+    turns it off: the status file, rewritten every few seconds, cost 1.3 ms a write, measured cold)."""
+    if not isinstance(obj, dict) or not obj:
+        return json.dumps(obj, sort_keys=True) + "\n"
+    items = sorted(obj.items())
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in items) + "\n}\n"
+
+
 def write_json(path: Path, obj: object, durable: bool = True) -> None:
     """Replace ``path`` whole: readers see the old file or the new one, never half of one. ``durable`` also
     survives a power cut (fsync); the status file, rewritten every pass, does without."""
@@ -77,8 +86,7 @@ def write_json(path: Path, obj: object, durable: bool = True) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
-            f.write("\n")
+            f.write(_encode(obj))
             f.flush()
             if durable:
                 os.fsync(f.fileno())

@@ -21,6 +21,7 @@ class Exporter:
         if registry is None:
             ProcessCollector(registry=self.registry)
         r = self.registry
+        self._state_shown: dict[str, State] = {}
         self.state = Gauge("watchdog_engine_state", "1 for the engine's current state, 0 for the others",
                            ["engine", "state"], registry=r)
         self.since_progress = Gauge("watchdog_engine_seconds_since_progress",
@@ -76,8 +77,10 @@ class Exporter:
 
     def set_verdicts(self, verdicts: Iterable[Verdict], now: float) -> None:
         for v in verdicts:
-            for state in State:
-                self.state.labels(v.engine, state.value).set(1.0 if v.state == state else 0.0)
+            if self._state_shown.get(v.engine) != v.state:  # the one-hot gauges change with the state only
+                for state in State:
+                    self.state.labels(v.engine, state.value).set(1.0 if v.state == state else 0.0)
+                self._state_shown[v.engine] = v.state
             self.since_progress.labels(v.engine).set(
                 float("nan") if v.last_progress is None else max(0.0, now - v.last_progress))
             self.stalled.labels(v.engine).set(v.stalled_for)

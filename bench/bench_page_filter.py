@@ -1,0 +1,134 @@
+"""What the 1 Hz scrape costs the engine, the whole page against the filtered one (``/metrics?name[]=...``), and the
+watchdog's own CPU beside the naive watcher, on a real vLLM (CPU build, TP=2).
+
+    .venv/bin/python bench/bench_page_filter.py [--seconds 90] [--out bench/results/page-filter.json]
+
+Phases of ``--seconds`` each, on the idle engine (so the API server's own work is its background only): nothing
+scraping; a 1 Hz GET of the whole page; a 1 Hz GET of the filtered page. The API server's CPU is read from
+``/proc/PID/task/*/schedstat`` (nanoseconds on the CPU, every thread), and the difference to the first phase is
+what the scrapes cost it. Then the service (`watchdog run`, defaults) and the naive watcher (GET + full
+prometheus_client parse) run side by side for the same time, under load, measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_engine import NAIVE  # noqa: E402
+from tests.harness.engine_env import engine_python  # noqa: E402
+from tests.harness.load import LoadGenerator  # noqa: E402
+from tests.harness.models import fast_model  # noqa: E402
+from tests.harness.server import VllmServer  # noqa: E402
+from tests.harness.watcher import WatchdogProcess  # noqa: E402
+from watchdog.scrape.fetch import FILTERED, WHOLE  # noqa: E402
+from watchdog.scrape.http1 import PageClient  # noqa: E402
+from watchdog.types import HttpLimits  # noqa: E402
+
+
+def on_cpu_ns(pid: int) -> int:
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended between the listing and the read
+    return total
+
+
+def phase(api_pid: int, seconds: float, url: str, path: str | None) -> dict[str, float]:
+    stop = threading.Event()
+    sizes: list[int] = []
+
+    def scrape() -> None:
+        c = PageClient(url, HttpLimits())
+        try:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                assert path is not None
+                sizes.append(len(c.get(path).body))
+                stop.wait(max(0.0, 1.0 - (time.monotonic() - t0)))
+        finally:
+            c.close()
+
+    t = threading.Thread(target=scrape, daemon=True) if path else None
+    if t is not None:
+        t.start()
+    time.sleep(3)
+    a, t0 = on_cpu_ns(api_pid), time.monotonic()
+    time.sleep(seconds)
+    b, wall = on_cpu_ns(api_pid), time.monotonic() - t0
+    stop.set()
+    if t is not None:
+        t.join(10)
+    return {"api_server_cpu_percent": round((b - a) / 1e9 / wall * 100, 4), "page_bytes": sizes[-1] if sizes else 0,
+            "scrapes": len(sizes)}
+
+
+def side_by_side(server: VllmServer, workdir: Path, seconds: float) -> dict[str, float]:
+    w = WatchdogProcess(server.url, workdir / "service", "").start()
+    naive = subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        w.wait_for_state("idle", 60)
+        assert w._popen is not None
+        with LoadGenerator(server.url, server.model_name, threads=4, duration=seconds + 30):
+            time.sleep(5)
+            a = {"watchdog": on_cpu_ns(w._popen.pid), "naive": on_cpu_ns(naive.pid)}
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            b = {"watchdog": on_cpu_ns(w._popen.pid), "naive": on_cpu_ns(naive.pid)}
+            wall = time.monotonic() - t0
+        res = {f"{k}_cpu_percent": round((b[k] - a[k]) / 1e9 / wall * 100, 4) for k in a}
+        res["ratio_naive_to_watchdog"] = round(res["naive_cpu_percent"] / max(res["watchdog_cpu_percent"], 1e-9), 1)
+        res["frozen_events"] = w.states().count("frozen")
+        return res
+    finally:
+        os.killpg(naive.pid, signal.SIGKILL)
+        naive.wait(10)
+        w.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=90.0)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "page-filter.json"))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-filter-") as tmp:
+        server = VllmServer(engine_python(), fast_model(), Path(tmp))
+        with server:
+            server.wait_ready(300)
+            server.complete("warm up", max_tokens=8)
+            api = server.pid
+            res: dict[str, object] = {"load_before": os.getloadavg(), "seconds": args.seconds}
+            for name, path in (("no_scrape", None), ("whole_page_1hz", WHOLE), ("filtered_page_1hz", FILTERED),
+                               ("no_scrape_again", None)):
+                res[name] = phase(api, args.seconds, server.url, path)
+                print(name, res[name], flush=True)
+            base = (res["no_scrape"]["api_server_cpu_percent"]  # type: ignore[index]
+                    + res["no_scrape_again"]["api_server_cpu_percent"]) / 2  # type: ignore[index]
+            for name in ("whole_page_1hz", "filtered_page_1hz"):
+                res[name]["cost_to_api_server_percent"] = round(  # type: ignore[index]
+                    res[name]["api_server_cpu_percent"] - base, 4)  # type: ignore[index]
+            res["service_vs_naive_under_load"] = side_by_side(server, Path(tmp), args.seconds)
+            print(res["service_vs_naive_under_load"], flush=True)
+            res["load_after"] = os.getloadavg()
+    out = Path(args.out)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
