@@ -188,3 +188,18 @@ def test_an_empty_filtered_page_is_read_whole_so_the_verdict_can_say_what_it_hol
     assert s.page is not None and s.page.vllm_series == 1 and not s.page.engines
     assert Renamed.paths == [FILTERED, WHOLE, FILTERED, WHOLE]  # the filter is kept: the server honours it
     assert again.page is not None and again.page.vllm_series == 1
+
+
+def test_a_failure_names_the_page_not_the_query() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    f = MetricsFetcher(f"http://127.0.0.1:{port}")
+    try:
+        r = f.scrape()
+    finally:
+        f.http.close()
+    assert r.error_kind == "refused", r
+    assert r.error == f"nothing listening at http://127.0.0.1:{port}/metrics (connection refused)", r.error

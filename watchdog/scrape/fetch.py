@@ -69,9 +69,10 @@ class MetricsFetcher:
             else:
                 reply = self.http.get(path, accept="text/plain")
         except HttpFailure as f:
-            log.debug("scrape of %s failed: %s", self.url, f.message)
+            message = f.message.replace(self.http.base + path, self.url)  # the reason names the page, not the query
+            log.debug("scrape of %s failed: %s", self.url, message)
             kind = NO_ANSWER if f.kind == LOST else f.kind
-            return Scrape(t, wall, None, kind, f.message, f.status, elapsed=time.monotonic() - started)
+            return Scrape(t, wall, None, kind, message, f.status, elapsed=time.monotonic() - started)
         elapsed = time.monotonic() - started
         status, body = reply.status, reply.body
         if status >= 500:
