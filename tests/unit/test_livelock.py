@@ -130,3 +130,34 @@ def test_a_parked_enginecore_spinning_is_not_called_a_livelock_without_its_loop(
                        600), *ENGINE_WAITING[5:]]
     f = assess(capture(rnd(writer, 5.0), rnd(writer, 8.0)), work_pending=True, page=PageWork(running=2, waiting=0))
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED
+
+
+WRITER: Frames = [("MessageQueue.acquire_write", f"{SITE}/vllm/distributed/device_communicators/shm_broadcast.py",
+                   600), *ENGINE_WAITING[5:]]
+
+
+def test_a_writer_on_a_full_ring_while_every_worker_spins_in_its_reader_is_a_livelock() -> None:
+    """Seen live on vLLM 0.32 (CPU, TP=2) with the injected livelock: EngineCore's empty steps outrun the workers, so
+    py-spy finds it waiting for a free slot of the broadcast ring at both captures, while both workers spin in their
+    reader (0.5-0.9 CPU s/s). The whole engine turns and nothing reaches the model: a livelock, not parked ranks."""
+    spinning = capture(rnd(WRITER, 5.0, worker_cpu=20.0), rnd(WRITER, 7.5, worker_cpu=22.0))
+    f = assess(spinning, work_pending=True, page=PageWork(running=2, waiting=0))
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
+    assert f.reason.startswith("livelock: EngineCore turns its own loop (writer_blocked_full_ring)"), f.reason
+    # in the ring at one capture, in its loop at the other: still the loop turning, not "stacks moved"
+    f = assess(capture(rnd(WRITER, 5.0, worker_cpu=20.0), rnd(UPDATING, 7.5, worker_cpu=22.0)), work_pending=True,
+               page=PageWork(running=2, waiting=0))
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
+
+
+def test_a_writer_on_a_full_ring_with_a_reader_that_stopped_reading_is_parked() -> None:
+    """The same writer, but one worker burns nothing between the captures (parked in its poll, or stopped): the ring
+    is full because that reader stopped reading, a freeze of parked ranks, never a livelock."""
+    quiet_tp1 = {**rnd(WRITER, 5.0, worker_cpu=20.0)}
+    later = {**rnd(WRITER, 7.5, worker_cpu=22.0), TP1.pid: (WORKER_IDLE, "S", 20.0)}
+    f = assess(capture(quiet_tp1, later), work_pending=True, page=PageWork(running=2, waiting=0))
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED, f.reason
+    stopped = {**rnd(WRITER, 7.5, worker_cpu=22.0), TP1.pid: (WORKER_IDLE, "T", 22.0)}
+    first = {**rnd(WRITER, 5.0, worker_cpu=20.0), TP1.pid: (WORKER_IDLE, "T", 20.0)}
+    f = assess(capture(first, stopped), work_pending=True, page=PageWork(running=2, waiting=0))
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED, f.reason

@@ -180,12 +180,25 @@ def _in_work(f: ProcessFinding, stall: bool) -> bool:
     return first or f.last_cls in _WORKING
 
 
-def _burning(procs: list[ProcessFinding], stall: bool) -> ProcessFinding | None:
+def _burns(f: ProcessFinding) -> bool:
+    return f.cpu_seconds is not None and bool(f.gap) and f.cpu_seconds >= _BURN * (f.gap or 0.0)
+
+
+def _ring_turns(procs: list[ProcessFinding]) -> bool:
+    """Every worker spins in its reader, burning CPU, not stopped: a writer blocked on the full broadcast ring is
+    then EngineCore's loop outrunning them with empty steps (vLLM 0.32 on CPU, seen live), not a reader that stopped
+    reading (that reader would be stopped, parked at no CPU, or elsewhere than its reader)."""
+    workers = [f for f in procs if f.process.role == Role.WORKER]
+    return bool(workers) and all(_burns(w) and _classes(w) and _classes(w) <= _LOOP and w.state not in ("T", "t", "Z")
+                                 for w in workers)
+
+
+def _burning(procs: list[ProcessFinding], stall: bool, loop: set[Cls]) -> ProcessFinding | None:
     """An EngineCore turning its loop (never leaving it at either capture) on at least ``_BURN`` of a core."""
     for f in procs:
-        if f.process.role != Role.ENGINE_CORE or f.cpu_seconds is None or not f.gap or not _classes(f) <= _LOOP:
+        if f.process.role != Role.ENGINE_CORE or not _burns(f) or not _classes(f) <= loop:
             continue
-        if (Cls.ENGINE_LOOP in _classes(f) or f.moved or stall) and f.cpu_seconds >= _BURN * f.gap:
+        if Cls.ENGINE_LOOP in _classes(f) or f.moved or stall or Cls.WRITER_BLOCKED_FULL_RING in _classes(f):
             return f
     return None
 
@@ -202,7 +215,8 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
         cls = e.cls if e.cls in _WORKING else working[0].last_cls
         assert cls is not None
         return Decision.WORKING, f"{e.name} is {cls.value}: a long step, not a freeze", None
-    loop = _LOOP | (_WORKING | {Cls.UNKNOWN} if stall else set())
+    engine_loop = _LOOP | ({Cls.WRITER_BLOCKED_FULL_RING} if _ring_turns(procs) else set())
+    loop = engine_loop | (_WORKING | {Cls.UNKNOWN} if stall else set())
     movers = [f for f in procs if f.moved and f.explanation is not None]
     if real := [f for f in movers if not _classes(f) <= loop]:
         names = ", ".join(f.explanation.name for f in real if f.explanation)
@@ -215,7 +229,7 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
         return Decision.UNDECIDED, "a single capture cannot tell parked from passing through", None
     names = ", ".join(f.explanation.name for f in movers if f.explanation)
     turned = f" (moved only in its loop: {names})" if movers else ""
-    burn = _burning(procs, stall)
+    burn = _burning(procs, stall, engine_loop)
     turning = (f"{burn.explanation.name} turns its own loop ({', '.join(sorted(c.value for c in _classes(burn)))}) "
                f"on {burn.cpu_seconds:g} CPU s in {burn.gap:g} s" if burn and burn.explanation else "")
     if stall:  # the page says why the loop turns empty (vLLM 0.32 steps empty batches, burning CPU): the finer word
