@@ -1,5 +1,9 @@
-"""What the 1 Hz scrape costs the engine, the whole page against the filtered one (``/metrics?name[]=...``), and the
-watchdog's own CPU beside the naive watcher, on a real vLLM (CPU build, TP=2).
+"""What the 1 Hz scrape costs the engine's API server, whether it honours prometheus_client's ``name[]`` filter
+(``/metrics?name[]=...``: only the samples the watchdog reads), and the watchdog's own CPU beside the naive watcher,
+on a real vLLM (CPU build, TP=2).
+
+Found with it: vLLM 0.32 serves ``/metrics`` from prometheus-fastapi-instrumentator's route, which ignores the query
+(the page is as big with it), so the scrape does not send one.
 
     .venv/bin/python bench/bench_page_filter.py [--seconds 90] [--out bench/results/page-filter.json]
 
@@ -26,15 +30,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from urllib.parse import urlencode  # noqa: E402
+
 from bench.bench_engine import NAIVE  # noqa: E402
 from tests.harness.engine_env import engine_python  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.models import fast_model  # noqa: E402
 from tests.harness.server import VllmServer  # noqa: E402
 from tests.harness.watcher import WatchdogProcess  # noqa: E402
-from watchdog.scrape.fetch import FILTERED, WHOLE  # noqa: E402
 from watchdog.scrape.http1 import PageClient  # noqa: E402
+from watchdog.scrape.page import COUNTERS, GAUGES  # noqa: E402
 from watchdog.types import HttpLimits  # noqa: E402
+
+WHOLE = "/metrics"
+FILTERED = WHOLE + "?" + urlencode([("name[]", n) for n in sorted({*GAUGES, *COUNTERS})])
 
 
 def on_cpu_ns(pid: int) -> int:

@@ -11,7 +11,6 @@ import re
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PAGE = ROOT / "tests" / "data" / "metrics" / "vllm-0.32.0-tp2-under-load.txt"
@@ -44,8 +43,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.startswith("/metrics"):
             self.server.n += 1
-            names = parse_qs(urlsplit(self.path).query).get("name[]")
-            self._send(self.server.page(frozenset(names) if names else None), PROM)
+            self._send(self.server.page(), PROM)
         elif self.path.startswith("/v1/models"):
             self._send(json.dumps({"data": [{"id": "m"}]}).encode(), "application/json")
         else:
@@ -66,25 +64,10 @@ class PageServer(ThreadingHTTPServer):
         self.chunked = chunked
         self.n = 0
 
-    def page(self, names: frozenset[str] | None = None) -> bytes:
+    def page(self) -> bytes:
         # generation tokens advance every request: an engine under load making progress
-        text = re.sub(r"(vllm:generation_tokens_total\{[^}]*\} )([0-9.e+]+)",
-                      lambda m: f"{m.group(1)}{float(m.group(2)) + self.n:.1f}", self.text)
-        return (text if names is None else restrict(text, names)).encode()
-
-
-def restrict(text: str, names: frozenset[str]) -> str:
-    """What prometheus_client answers to ``?name[]=...``: only the samples so named, with their families' HELP and
-    TYPE lines (tests/unit/test_page_filter.py holds the fetcher to the library's own output)."""
-    out = []
-    for line in text.splitlines(keepends=True):
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and any(n == parts[2] or n.startswith(parts[2] + "_") for n in names):
-                out.append(line)
-        elif line.strip() and line.split("{", 1)[0].split(None, 1)[0] in names:
-            out.append(line)
-    return "".join(out)
+        return re.sub(r"(vllm:generation_tokens_total\{[^}]*\} )([0-9.e+]+)",
+                      lambda m: f"{m.group(1)}{float(m.group(2)) + self.n:.1f}", self.text).encode()
 
 
 def main() -> None:

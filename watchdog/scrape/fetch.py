@@ -9,19 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from urllib.parse import urlencode
 
 from watchdog.scrape.engine_http import LOST, EngineHTTP, HttpFailure
 from watchdog.scrape.http1 import PageClient
-from watchdog.scrape.page import WANTED_NAMES, PageError, read_page
+from watchdog.scrape.page import PageError, read_page
 from watchdog.types import NO_ANSWER, HttpLimits, Scrape
 
 log = logging.getLogger(__name__)
-
-WHOLE = "/metrics"
-# Only the samples the judgement reads (prometheus_client's ``name[]`` filter): measured on the real TP=2 vLLM under
-# load, the page shrinks from ~56 KB to ~2 KB, and the engine's exporter formats only those samples too.
-FILTERED = WHOLE + "?" + urlencode([("name[]", n) for n in WANTED_NAMES])
 
 
 class MetricsFetcher:
@@ -43,36 +37,19 @@ class MetricsFetcher:
             self.http.close_with(self._page.close)
         self._clock = clock
         self._wall = wall
-        self._path = FILTERED  # WHOLE once the server refused the filter
 
     def scrape(self) -> Scrape:
-        """One reading. The filtered page first; the whole page when the server refuses the filter (a 4xx other
-        than 401/403: then for good) or when the filtered page holds nothing the judgement reads (so the verdict
-        can say what the whole page holds instead)."""
         t, wall = self._clock(), self._wall()
-        s = self._get(self._path, t, wall)
-        if self._path == FILTERED:
-            refused = s.status is not None and 400 <= s.status < 500 and s.status not in (401, 403)
-            if refused:
-                log.warning("%s refused the name[] filter (HTTP %s): reading the whole page from now on",
-                            self.url, s.status)
-                self._path = WHOLE
-            if refused or (s.page is not None and not s.page.engines):
-                s = self._get(WHOLE, t, wall)
-        return s
-
-    def _get(self, path: str, t: float, wall: float) -> Scrape:
         started = time.monotonic()
         try:
             if self._page is not None:
-                reply = self._page.get(path, accept="text/plain")
+                reply = self._page.get("/metrics", accept="text/plain")
             else:
-                reply = self.http.get(path, accept="text/plain")
+                reply = self.http.get("/metrics", accept="text/plain")
         except HttpFailure as f:
-            message = f.message.replace(self.http.base + path, self.url)  # the reason names the page, not the query
-            log.debug("scrape of %s failed: %s", self.url, message)
+            log.debug("scrape of %s failed: %s", self.url, f.message)
             kind = NO_ANSWER if f.kind == LOST else f.kind
-            return Scrape(t, wall, None, kind, message, f.status, elapsed=time.monotonic() - started)
+            return Scrape(t, wall, None, kind, f.message, f.status, elapsed=time.monotonic() - started)
         elapsed = time.monotonic() - started
         status, body = reply.status, reply.body
         if status >= 500:

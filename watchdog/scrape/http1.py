@@ -61,7 +61,7 @@ class PageClient:
         url = self.base + path
         read, connect = lim.read_timeout, min(lim.connect_timeout, lim.read_timeout)
         started = time.monotonic()
-        what = "the page" if path.startswith("/metrics") else url
+        what = "the page" if path == "/metrics" else url
         origin = self._origin
         for hop in range(lim.max_redirects + 1):
             head, sock = self._exchange(origin, url, accept, connect, read, started)
