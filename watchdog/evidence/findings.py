@@ -150,8 +150,9 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
     any_moved = any(f.moved for f in engine_procs) if two_rounds else None
     cross = cross_rank(expls, moved_by_name if two_rounds else None)
     hypothesis = poll_parking([e for e in expls if e.role in (Role.ENGINE_CORE, Role.WORKER)], work_pending, any_moved)
-    complete = bool(engine_procs) and all(not f.error for f in engine_procs)
-    decision, reason, kind = _decide(engine_procs, complete, two_rounds, cross, page or PageWork())
+    complete = bool(engine_procs) and all(not f.error for f in engine_procs) and not capture.unseen_nodes
+    decision, reason, kind = _decide(engine_procs, complete, two_rounds, cross, page or PageWork(),
+                                     capture.unseen_nodes)
     return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems, kind, page)
 
 
@@ -204,7 +205,7 @@ def _burning(procs: list[ProcessFinding], stall: bool, loop: set[Cls]) -> Proces
 
 
 def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
-            cross: CrossRankVerdict, page: PageWork) -> _Said:
+            cross: CrossRankVerdict, page: PageWork, unseen: tuple[str, ...] = ()) -> _Said:
     """Stacks clear a suspicion only with a rank in the model (a kernel, the sampler) or compiling, or movement
     outside EngineCore's own loop; they confirm it when every engine process was read, twice, and nothing but that
     loop moved: a livelock (the loop burning CPU), an admission stall (requests wait, none runs) or parked ranks."""
@@ -224,7 +225,8 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
     if not procs:
         return Decision.UNDECIDED, "no engine process found to take stacks of", None
     if not complete:
-        return Decision.UNDECIDED, f"incomplete capture ({_unread(procs)})", None
+        missing = [f"no stacks from node {n}" for n in unseen]
+        return Decision.UNDECIDED, f"incomplete capture ({'; '.join(filter(None, [_unread(procs), *missing]))})", None
     if not two_rounds:
         return Decision.UNDECIDED, "a single capture cannot tell parked from passing through", None
     names = ", ".join(f.explanation.name for f in movers if f.explanation)

@@ -74,7 +74,9 @@ class Capture:
     # one --native dump of each process holding a GPU, after the rounds: evidence beside the Python stacks (their
     # host waits are in CUDA/NCCL frames); the rounds, not these, decide (native frames churn inside a wait)
     native: dict[int, Dump] = field(default_factory=dict)
+    # other nodes whose stacks could not be taken at all: their ranks are missing, so "every rank" was not read
+    unseen_nodes: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
-        return bool(self.processes) and all(d.ok for r in self.rounds for d in r.values())
+        return bool(self.processes) and all(d.ok for r in self.rounds for d in r.values()) and not self.unseen_nodes

@@ -38,6 +38,7 @@ class NodeCapture:
     problems: tuple[str, ...] = ()
     clock_offset: float | None = None  # the node's wall clock minus ours, seconds (low by the answer's way back)
     reachable: bool = True  # False: the call did not get through (unreachable, timed out)
+    failed: bool = False  # no stacks from this node at all (the call or its answer failed)
 
 
 class RemoteEvidence:
@@ -71,10 +72,10 @@ class RemoteEvidence:
         except NodeError as e:
             if e.kind in ("unreachable", "timeout"):
                 return NodeCapture(name, problems=(f"node {name} unreachable: no stacks: {e.message}",),
-                                   reachable=False)
-            return NodeCapture(name, problems=(f"node {name}: no stacks: {e.message}",))
+                                   reachable=False, failed=True)
+            return NodeCapture(name, problems=(f"node {name}: no stacks: {e.message}",), failed=True)
         except (ProtocolError, KeyError, TypeError, ValueError) as e:
-            return NodeCapture(name, problems=(f"node {name}: no stacks: {e}",))
+            return NodeCapture(name, problems=(f"node {name}: no stacks: {e}",), failed=True)
 
     def capture_with(self, local: Callable[[], Capture]) -> Capture:
         names = list(self.links)
@@ -136,7 +137,8 @@ def merge(base: Capture, remote: Sequence[NodeCapture]) -> Capture:
                                                                   "clock_offset_s": r.clock_offset,
                                                                   "reachable": r.reachable}
                                                          for r in remote}}
-    return Capture(tuple(processes), tuple(rounds), tuple(problems), options)
+    return Capture(tuple(processes), tuple(rounds), tuple(problems), options, dict(base.native),
+                   unseen_nodes=tuple(r.node for r in remote if r.failed))
 
 
 class SshRunner:
