@@ -1,0 +1,155 @@
+"""Moving is not working, on the real vLLM (CPU build, TP=2): a livelock and an admission stall, made by fault
+injection inside the engine (tests/harness/inject), each called `frozen` by a real `watchdog run` with its reason
+and its typed stuck kind in the bundle.
+
+One vLLM serves both tests: the fault is switched at run time through a flag file the injected scheduler reads
+(admission_stall, livelock, or nothing), and cleared at the end of each test so the stalled requests finish.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.harness.inject import INJECT_DIR, injected_env
+from tests.harness.load import BackgroundRequest
+from tests.harness.metrics import watched
+from tests.harness.server import VllmServer
+from tests.harness.watcher import WatchdogProcess, event_time
+
+pytestmark = pytest.mark.engine
+
+Watch = Callable[..., WatchdogProcess]
+# The faulty engine spins EngineCore and both workers (each empty step restarts the workers' busy spin): on a loaded
+# 2-core box py-spy can take over 10 s per dump, so give it time; the window stays far away (see the tests).
+CAPTURE = "[capture]\ngap = 3.0\ntimeout = 45.0\n"
+
+
+@dataclass
+class Injected:
+    server: VllmServer
+    flag: Path
+
+    def fault(self, mode: str) -> None:
+        self.flag.write_text(mode)
+        time.sleep(0.5)  # the engine re-reads the flag at most every 0.2 s
+
+    def page(self) -> tuple[float, float]:
+        p = watched(self.server.metrics())
+        return p.get("vllm:num_requests_running", 0.0), p.get("vllm:num_requests_waiting", 0.0)
+
+    def wait_page(self, ok: Callable[[float, float], bool], what: str, timeout: float = 60.0) -> tuple[float, float]:
+        deadline = time.monotonic() + timeout
+        seen = (-1.0, -1.0)
+        while time.monotonic() < deadline:
+            try:
+                seen = self.page()
+            except requests.RequestException:
+                pass
+            else:
+                if ok(*seen):
+                    return seen
+            time.sleep(0.2)
+        raise AssertionError(f"page never showed {what} in {timeout:.0f} s (last running, waiting: {seen});\n"
+                             f"{self.server.log_tail(40)}")
+
+
+@pytest.fixture(scope="module")
+def injected_server(engine_python: Path, fast_model: Path,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Injected]:
+    """The fast model with the injection loaded (inert until the flag file names a fault)."""
+    d = tmp_path_factory.mktemp("livelock")
+    flag = d / "fault"
+    flag.write_text("")
+    server = VllmServer(engine_python, fast_model, d / "logs", name="vllm-injected", env=injected_env(flag))
+    try:
+        server.start()
+        server.wait_ready(240)
+        assert "watchdog_inject: patched" in server.log_tail(400), f"injection not loaded from {INJECT_DIR}"
+        yield Injected(server, flag)
+    finally:
+        flag.write_text("")
+        server.stop()
+
+
+@pytest.fixture
+def injected(injected_server: Injected) -> Iterator[Injected]:
+    """The injected server, its fault lifted after each test whatever happened (its stalled requests then finish)."""
+    injected_server.fault("")
+    yield injected_server
+    injected_server.fault("")
+
+
+def bundle_of(w: WatchdogProcess, frozen: dict[str, Any]) -> dict[str, Any]:
+    captured = w.wait_event("evidence_captured", 60)
+    assert event_time(captured) >= event_time(frozen)
+    m: dict[str, Any] = json.loads((Path(captured["bundle"]) / "manifest.json").read_text())
+    return m
+
+
+def engine_core(m: dict[str, Any]) -> dict[str, Any]:
+    found = [p for p in m["processes"] if p["title"] == "VLLM::EngineCore"]
+    assert found, m["processes"]
+    return found[0]
+
+
+def test_admission_stall_is_frozen_as_an_admission_stall(injected: Injected, watch: Watch) -> None:
+    server = injected.server
+    w = watch(server.url, suspect=5.0, window=300.0, probe=120.0, extra=CAPTURE)
+    w.wait_for_state("idle", 60)
+    injected.fault("admission_stall")
+    began = time.time()
+    request = BackgroundRequest(server.url, server.model_name, "admit me", max_tokens=4, timeout=400)
+    running, waiting = injected.wait_page(lambda r, q: r == 0 and q >= 1, "running=0, waiting>=1")
+    frozen = w.wait_for_state("frozen", 240, after=began)  # the window is 300 s: only the stacks call it frozen
+    assert frozen["reason"].startswith("stacks confirm: admission stall: running=0, waiting="), frozen
+    m = bundle_of(w, frozen)
+    assert m["decision"] == "stuck" and m["stuck_kind"] == "admission_stall", (m["decision"], m["decision_reason"])
+    assert m["decision_reason"].startswith("admission stall:"), m["decision_reason"]
+    assert m["capture_complete"], m["capture_failures"]
+    core = engine_core(m)
+    assert core["class"] in ("engine_loop", "engine_waiting_workers"), core["class"]
+    print(f"admission stall: page running={running:g} waiting={waiting:g}; frozen {event_time(frozen) - began:.1f} s "
+          f"after the request; EngineCore {core['class']}, {core['cpu_seconds_between_captures']} CPU s between "
+          f"captures; {m['decision_reason']}")
+    # the fault lifted, the request is admitted: the engine recovers and the request completes
+    injected.fault("")
+    w.wait_for_state("working", 60, after=event_time(frozen))
+    assert request.result(120).ok
+    injected.wait_page(lambda r, q: r == 0 and q == 0, "nothing pending")
+
+
+def test_livelock_is_frozen_as_a_livelock(injected: Injected, watch: Watch) -> None:
+    server = injected.server
+    injected.fault("")
+    w = watch(server.url, suspect=5.0, window=300.0, probe=120.0, extra=CAPTURE)
+    w.wait_for_state("idle", 60)
+    requests_ = [BackgroundRequest(server.url, server.model_name, f"keep going {i}", max_tokens=600, timeout=400,
+                                   ignore_eos=True) for i in range(2)]
+    injected.wait_page(lambda r, q: r >= 1, "running>=1")
+    w.wait_for_state("working", 60)  # this watchdog's first `working` (it may come before the page read above)
+    injected.fault("livelock")
+    began = time.time()
+    frozen = w.wait_for_state("frozen", 240, after=began)
+    assert frozen["reason"].startswith("stacks confirm: livelock: EngineCore turns its own loop"), frozen
+    running, waiting = injected.page()
+    assert running >= 1, (running, waiting)
+    m = bundle_of(w, frozen)
+    assert m["decision"] == "stuck" and m["stuck_kind"] == "livelock", (m["decision"], m["decision_reason"])
+    assert m["decision_reason"].startswith("livelock:"), m["decision_reason"]
+    core = engine_core(m)
+    print(f"livelock: page running={running:g} waiting={waiting:g}; frozen {event_time(frozen) - began:.1f} s after "
+          f"the fault; EngineCore {core['class']}, {core['cpu_seconds_between_captures']} CPU s between captures; "
+          f"{m['decision_reason']}")
+    injected.fault("")
+    w.wait_for_state("working", 60, after=event_time(frozen))
+    for r in requests_:
+        assert r.result(200).ok
+    injected.wait_page(lambda r, q: r == 0 and q == 0, "nothing pending")
