@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from urllib.parse import urlencode  # noqa: E402
 
 from bench.bench_engine import NAIVE  # noqa: E402
+from bench.profile_tick import on_cpu_ns  # noqa: E402
 from tests.harness.engine_env import engine_python  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.models import fast_model  # noqa: E402
@@ -44,16 +45,6 @@ from watchdog.types import HttpLimits  # noqa: E402
 
 WHOLE = "/metrics"
 FILTERED = WHOLE + "?" + urlencode([("name[]", n) for n in sorted({*GAUGES, *COUNTERS})])
-
-
-def on_cpu_ns(pid: int) -> int:
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended between the listing and the read
-    return total
 
 
 def phase(api_pid: int, seconds: float, url: str, path: str | None) -> dict[str, float]:
