@@ -42,6 +42,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_engine import NAIVE  # noqa: E402
 from tests.harness.engine_env import engine_python  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.models import fast_model  # noqa: E402
@@ -49,19 +50,7 @@ from tests.harness.sshnode import SshNode  # noqa: E402
 from tests.harness.two_node import TwoNodeVllm  # noqa: E402
 from tests.harness.watcher import event_time  # noqa: E402
 
-NAIVE_HEAD = """
-import sys, time, requests
-from prometheus_client.parser import text_string_to_metric_families
-url = sys.argv[1]
-while True:
-    t0 = time.monotonic()
-    try:
-        for fam in text_string_to_metric_families(requests.get(url + "/metrics", timeout=5).text):
-            pass
-    except Exception:
-        pass
-    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
-"""
+NAIVE_HEAD = NAIVE  # the naive head watcher: GET + full prometheus_client parse at 1 Hz
 NAIVE_WORKER = """
 import time, psutil
 while True:

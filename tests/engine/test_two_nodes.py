@@ -19,17 +19,15 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
-from tests.harness.sshnode import SshNode
-from tests.harness.two_node import CTL, HeadWatchdog, TwoNodeVllm
+from tests.harness.load import LoadGenerator
+from tests.harness.two_node import CTL, HeadWatchdog, TwoNodeVllm, running_pair
 from tests.harness.watcher import event_time
 
 
@@ -49,32 +47,15 @@ def agent_toml(root: Path) -> str:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, engine_python: Path, fast_model: Path) -> Iterator[TwoNodeVllm]:
     root = tmp_path_factory.mktemp("two-nodes")
-    node = SshNode(root, agent_toml(root)).start()
-    p = TwoNodeVllm(root, engine_python, fast_model, node)
-    try:
-        p.start()
+    with running_pair(root, engine_python, fast_model, agent_toml(root)) as p:
         yield p
-    finally:
-        p.close()
-        node.close()
 
 
 def test_remote_rank_stopped_under_load_is_the_culprit_on_its_node(pair: TwoNodeVllm, tmp_path: Path) -> None:
     cfg = tmp_path / "watchdog.toml"
     cfg.write_text(f'[engine]\nurl = "{pair.url}"\n[capture]\ngap = 1.0\n' + pair.node.toml())
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            try:
-                requests.post(f"{pair.url}/v1/completions", json={"model": pair.model_name, "prompt": "hi",
-                                                                  "max_tokens": 64}, timeout=20)
-            except requests.RequestException:
-                time.sleep(0.2)
-
-    loaders = [threading.Thread(target=load, daemon=True) for _ in range(2)]
-    for t in loaders:
-        t.start()
+    load = LoadGenerator(pair.url, pair.model_name, threads=2, max_tokens=(64, 64), request_timeout=20,
+                         duration=None).start()
     tp1 = pair.pids("worker")["VLLM::Worker_TP1"]
     time.sleep(2)
     os.kill(tp1, signal.SIGSTOP)
@@ -85,7 +66,7 @@ def test_remote_rank_stopped_under_load_is_the_culprit_on_its_node(pair: TwoNode
                            check=False)
     finally:
         os.kill(tp1, signal.SIGCONT)
-        stop.set()
+        load.stop()
     out = json.loads(r.stdout)
     titles = {p["title"] for p in out["processes"]}
     assert {"VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1 on node worker1"} <= titles, titles
@@ -207,19 +188,8 @@ def test_remote_rank_killed_under_load_both_nodes_restarted_in_order(
     planted = "psm_ewtest_stale"
     subprocess.run([*pair.node.nsenter(), "sh", "-c", f"head -c 8192 /dev/zero > /dev/shm/{planted}"], check=True,
                    timeout=20)
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            try:
-                requests.post(f"{pair.url}/v1/completions", json={"model": pair.model_name, "prompt": "hi",
-                                                                  "max_tokens": 64}, timeout=20)
-            except requests.RequestException:
-                time.sleep(0.5)
-
-    loaders = [threading.Thread(target=load, daemon=True) for _ in range(2)]
-    for t in loaders:
-        t.start()
+    load = LoadGenerator(pair.url, pair.model_name, threads=2, max_tokens=(64, 64), request_timeout=20,
+                         duration=None).start()
     try:
         time.sleep(3)
         tp1 = pair.pids("worker")["VLLM::Worker_TP1"]
@@ -236,7 +206,7 @@ def test_remote_rank_killed_under_load_both_nodes_restarted_in_order(
         steps = w.wait_event("restart_steps", 240)
         recovered = w.wait_event("recovered", 300)
     finally:
-        stop.set()
+        load.stop()
     done = [(s["what"], s["node"]) for s in steps["steps"]]
     ctl = f"command {sys.executable}"
     assert done == [(ctl, "local"), (ctl, "worker1"), ("shm check", "local"), ("shm check", "worker1"),

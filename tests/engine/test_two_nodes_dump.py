@@ -18,21 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.harness.load import LoadGenerator
-from tests.harness.sshnode import SshNode
-from tests.harness.two_node import TwoNodeVllm
+from tests.harness.two_node import TwoNodeVllm, running_pair
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, engine_python: Path, fast_model: Path) -> Iterator[TwoNodeVllm]:
     root = tmp_path_factory.mktemp("two-nodes-dump")
-    node = SshNode(root, f'audit_log = "{root}/node/agent.log"\nlog_file = "{root}/run/worker.log"\n').start()
-    p = TwoNodeVllm(root, engine_python, fast_model, node)
-    try:
-        p.start()
+    with running_pair(root, engine_python, fast_model,
+                      f'audit_log = "{root}/node/agent.log"\nlog_file = "{root}/run/worker.log"\n') as p:
         yield p
-    finally:
-        p.close()
-        node.close()
 
 
 def dump(pair: TwoNodeVllm, tmp_path: Path) -> tuple[int, dict[str, object]]:

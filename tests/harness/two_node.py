@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import requests
@@ -185,3 +186,16 @@ class HeadWatchdog(WatchdogProcess):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
         return p.returncode
+
+
+@contextlib.contextmanager
+def running_pair(root: Path, engine_python: Path, model: Path, agent_toml: str) -> Iterator[TwoNodeVllm]:
+    """A worker node with the given agent config and the pair started on it; both ended on the way out."""
+    node = SshNode(root, agent_toml).start()
+    pair = TwoNodeVllm(root, engine_python, model, node)
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.close()
+        node.close()
