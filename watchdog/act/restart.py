@@ -220,9 +220,18 @@ def _first_start(steps: Sequence[StepSection], node: str | None = None) -> int |
     return next(iter(starting or unsaid), None)
 
 
-def shm_check_at(commands: Sequence[PlannedCommand]) -> int:
-    """Where the /dev/shm check goes: before the first starting command, or after the last when none starts."""
-    return next((i for i, c in enumerate(commands) if c.starts), len(commands))
+SHM_SKIPPED = ("not done: nothing is stopped before the first start (a restart step stops and starts in one, so the "
+               "dead engine's segments are in use before it and the new engine's are being made after it); add a "
+               "stop step first to check /dev/shm")
+
+
+def shm_check_at(commands: Sequence[PlannedCommand]) -> int | None:
+    """Where the /dev/shm check goes: before the first starting command, or after the last when none starts; None
+    when nothing is stopped before the first starting command (`SHM_SKIPPED` says why)."""
+    first = next((i for i, c in enumerate(commands) if c.starts), len(commands))
+    if first < len(commands) and first == 0:
+        return None
+    return first
 
 
 def _step_commands(index: int, step: StepSection) -> list[PlannedCommand]:
@@ -316,6 +325,10 @@ class Restarter:
         def outcome(ok: bool, failed: str = "", cancelled: bool = False) -> RestartOutcome:
             return RestartOutcome(ok, tuple(results), failed, self.clock() - started, cancelled, tuple(records), shm)
 
+        if self.check_at is None and self.sweepers:
+            records.append({"what": "shm check", "node": "", "ok": True, "seconds": 0.0, "error": SHM_SKIPPED,
+                            "stale": 0, "removed": 0})
+            log.warning("restart: /dev/shm %s", SHM_SKIPPED)
         for i, command in enumerate(self.commands):
             if cancel is not None and cancel.is_set():
                 log.info("restart: cancelled before %s", command.description)

@@ -55,12 +55,15 @@ class NodeShm:
             listed = self.link.call("shm", {"remove": False})
             stale = _stale(listed)
             removed: tuple[tuple[str, int], ...] = ()
+            in_use = sum(1 for s in listed.get("segments", ()) if isinstance(s, dict) and s.get("in_use"))
             if self.remove and stale:
-                gone = self.link.call("shm", {"remove": True})
+                try:
+                    gone = self.link.call("shm", {"remove": True})
+                except NodeError as e:  # listed but not removed (e.g. its agent.toml does not allow it): say both
+                    return ShmReport(self.node, stale, (), in_use, f"on node {self.node}: not removed: {e.message}")
                 sizes = dict(stale)
                 removed = tuple((str(n), sizes.get(str(n), 0)) for n in gone.get("removed", ())
                                 if isinstance(n, str))
-            in_use = sum(1 for s in listed.get("segments", ()) if isinstance(s, dict) and s.get("in_use"))
             return ShmReport(self.node, stale, removed, in_use)
         except NodeError as e:
             return ShmReport(self.node, error=f"on node {self.node}: {e.message}")

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 LOCAL = "local"
+MAX_LOG_LINES = 5000  # the agent's cap on a log tail (watchdog.nodes.agent, verb context)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -64,8 +65,9 @@ def check_nodes(nodes: tuple[NodeSection, ...]) -> None:
                 raise ValueError(f"{where}.{key} must be greater than 0, got {getattr(n, key)!r}")
         if n.liveness_stale <= n.liveness_interval:
             raise ValueError(f"{where}.liveness_stale must exceed liveness_interval")
-        if n.max_bytes < 4096 or n.log_lines < 0:
-            raise ValueError(f"{where}: max_bytes must be at least 4096 and log_lines 0 or more")
+        if n.max_bytes < 4096 or not 0 <= n.log_lines <= MAX_LOG_LINES:
+            raise ValueError(f"{where}: max_bytes must be at least 4096 and log_lines 0 to {MAX_LOG_LINES} (the "
+                             "most a node's agent sends)")
         if sum(bool(x) for x in (n.log_file, n.journal_unit, n.docker_container)) > 1:
             raise ValueError(f"{where}: give one of log_file, journal_unit, docker_container")
 

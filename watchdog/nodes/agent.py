@@ -24,6 +24,7 @@ import psutil
 from watchdog import __version__
 from watchdog.act.restart import LocalRunner
 from watchdog.config.load import ConfigError
+from watchdog.config.nodes import MAX_LOG_LINES
 from watchdog.evidence.capture import Capturer, find_pyspy, run_argv
 from watchdog.evidence.context import LogSource, log_tail
 from watchdog.evidence.discover import discover
@@ -45,6 +46,13 @@ from watchdog.nodes.ranks import RankTracker, ptrace_check
 from watchdog.nodes.shm import shm_segments
 
 log = logging.getLogger("watchdog.agent")
+
+
+def _shm_names(shm_dir: str) -> list[str]:
+    try:
+        return [s.name for s in shm_segments(shm_dir)]
+    except OSError:  # the context goes on without them; the `shm` verb says why
+        return []
 
 
 class Refused(Exception):
@@ -109,7 +117,7 @@ class Agent:
     def verb_context(self, args: dict[str, Any]) -> dict[str, Any]:
         """Log tail, versions, /dev/shm. The log is the one the head's entry names if this node's config allows
         exactly that one (else refused: said in the answer and the audit log), or this node's own when it names none."""
-        lines = int(want_number(args, "lines", 200, 0, 5000))
+        lines = int(want_number(args, "lines", 200, 0, MAX_LOG_LINES))
         own = {"journal_unit": self.cfg.journal_unit, "docker_container": self.cfg.docker_container,
                "log_file": self.cfg.log_file}
         refused = ""
@@ -124,7 +132,7 @@ class Agent:
         pids = [p.pid for p in self.processes() if p.ranks]
         return {"time": time.time(), "log_tail": tail[-512 * 1024:], "log_source": where,
                 "problem": refused or problem, "log_refused": refused,
-                "versions": _versions(pids, self.pyspy), "shm": [s.name for s in shm_segments(self.cfg.shm_dir)]}
+                "versions": _versions(pids, self.pyspy), "shm": _shm_names(self.cfg.shm_dir)}
 
     def verb_liveness(self, args: dict[str, Any]) -> dict[str, Any]:
         interval = want_number(args, "interval", 2.0, 0.2, 60)

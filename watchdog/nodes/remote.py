@@ -24,6 +24,7 @@ from watchdog.config.load import Config
 from watchdog.evidence.context import RING_WARNING, Context
 from watchdog.evidence.model import Capture, Dump, EngineProcess
 from watchdog.evidence.per_node import NodeContext
+from watchdog.evidence.roles import ENGINE_ROLES
 from watchdog.nodes.protocol import ProtocolError, dump_from_json, log_wanted, process_from_json
 from watchdog.nodes.transport import NodeError, NodeLink
 
@@ -70,7 +71,7 @@ class RemoteEvidence:
             problems = tuple(f"node {name}: {p}" for p in cap.get("problems", []))
             return NodeCapture(name, tuple(procs), rounds, problems, self.offsets[name])
         except NodeError as e:
-            if e.kind in ("unreachable", "timeout"):
+            if e.kind in ("unreachable", "timeout", "host_key", "auth"):  # the call did not get through
                 return NodeCapture(name, problems=(f"node {name} unreachable: no stacks: {e.message}",),
                                    reachable=False, failed=True)
             return NodeCapture(name, problems=(f"node {name}: no stacks: {e.message}",), failed=True)
@@ -138,7 +139,8 @@ def merge(base: Capture, remote: Sequence[NodeCapture]) -> Capture:
                                                                   "reachable": r.reachable}
                                                          for r in remote}}
     return Capture(tuple(processes), tuple(rounds), tuple(problems), options, dict(base.native),
-                   unseen_nodes=tuple(r.node for r in remote if r.failed))
+                   unseen_nodes=tuple(r.node for r in remote if r.failed or not any(
+                       p.role in ENGINE_ROLES for p in r.processes)))
 
 
 class SshRunner:

@@ -45,7 +45,7 @@ def _in_use(shm_dir: str) -> set[str]:
 def shm_segments(shm_dir: str = "/dev/shm") -> list[Segment]:  # noqa: S108 - POSIX shared memory
     try:
         names = sorted(n for n in os.listdir(shm_dir) if n.startswith(PATTERNS))
-    except OSError:
+    except FileNotFoundError:  # no /dev/shm here: nothing left in it (any other OSError is raised: cannot tell)
         return []
     used = _in_use(shm_dir) if names else set()
     out = []
