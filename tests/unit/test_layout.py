@@ -26,6 +26,7 @@ PURE = (
     "watchdog.evidence.deadlines",
     "watchdog.evidence.gpu_culprit",
     "watchdog.act.policy",
+    "watchdog.act.restart_plan",
 )
 # Modules (or their parents) that do I/O, keep time or hand out randomness.
 IO = ("requests", "urllib3", "urllib.request", "http", "socket", "ssl", "subprocess", "psutil", "pynvml", "systemd",

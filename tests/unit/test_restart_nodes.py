@@ -14,7 +14,8 @@ import pytest
 
 from tests.unit.test_respond import Harness, config
 from watchdog.act.recovery import Progress, RecoveryDone
-from watchdog.act.restart import Restarter, RestartOutcome, RunResult, ShmReport, plan, shm_check_at
+from watchdog.act.restart import Restarter, RestartOutcome, RunResult, ShmReport
+from watchdog.act.restart_plan import plan, shm_check_at
 from watchdog.act.shm_sweep import LocalShm, NodeShm
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import ConfigError, load

@@ -17,7 +17,8 @@ from watchdog.act.alerts import Alert, Dispatcher, build_dispatcher
 from watchdog.act.heartbeat import Heartbeat
 from watchdog.act.recovery import RecoveryRunner
 from watchdog.act.respond import Responder
-from watchdog.act.restart import LocalRunner, Restarter, RestartOutcome, describe
+from watchdog.act.restart import LocalRunner, Restarter, RestartOutcome
+from watchdog.act.restart_plan import describe
 from watchdog.act.shm_sweep import sweepers
 from watchdog.config.load import Config, Secret
 from watchdog.nodes.remote import node_runners

@@ -1,30 +1,14 @@
 """Act: run the configured restart steps in order, each command with what is left of its step's timeout.
 
-``plan`` turns ``[[restart.steps]]`` into single commands, never shell strings:
+The commands and their order come from `watchdog.act.restart_plan` (pure; its docstring has the rules).
 
-* systemd: ``systemctl --no-ask-password <verb> -- <unit>``, one unit at a time in the order written
-  (systemctl given several units acts on them in parallel);
-* docker: ``docker <verb> [--time N] <container>``, one at a time; stop and restart get ``--time`` a margin
-  below the time left in the step, so docker escalates to SIGKILL before our own timeout fires;
-* command: its argv as written.
-
-Pre-start hooks, one per node, each with its own timeout: ``restart.pre_start`` is the head's ("local") hook and
-each ``[[nodes]]`` entry's ``pre_start`` is that node's, run ON that node (through its agent's ``run`` verb: the
-agent's own config must list the same argv as its ``pre_start``). A node's hook runs right before the first
-starting step that runs on that node: its first step whose action is start or restart (a command step may say
-``action = "start"``, ``"stop"`` or ``"restart"``); when it has none, its first command step that does not say
-(``action = "run"``, the default: what it does cannot be known). A node with no such step of its own gets its hook
-right before the first starting step overall (same rule over every step). With no starting step at all (stop
-steps only) no hook runs. Hooks that fall before the same step run local first, then the nodes in config order.
-With no ``[[nodes]]`` this is the single-host rule as it always was.
-
-The /dev/shm check (`Restarter` with ``sweepers``, one per node, local too): after the last stop step, before the
-first starting command (a hook, a start/restart, a command that does not say), or after the last step when nothing
-starts, every node reports the stale shared-memory segments a dead engine left in /dev/shm (``psm_*``,
-``sem.mp-*`` no process has open or mapped) and removes them where configured (``restart.remove_shm`` for the
-head, the node's ``remove_shm`` there, which its agent's own ``remove_shm`` must allow). What was found and
-removed (names and bytes) is in ``RestartOutcome.shm`` and the step records; a check that fails is reported there
-and never fails the restart.
+The /dev/shm check (`Restarter` with ``sweepers``, one per node, local too), where `restart_plan.shm_check_at`
+puts it: after the last stop step and before the first starting command, or after the last step when nothing
+starts; not at all when the first command already starts (it says so). Every node reports the stale shared-memory
+segments a dead engine left in /dev/shm (``psm_*``, ``sem.mp-*`` no process has open or mapped) and removes them
+where configured (``restart.remove_shm`` for the head, the node's ``remove_shm`` there, which its agent's own
+``remove_shm`` must allow). What was found and removed (names and bytes) is in ``RestartOutcome.shm`` and the step
+records; a check that fails is reported there and never fails the restart.
 
 A step's timeout covers all its commands: each gets the time left in the step when it starts. ``Restarter.run``
 stops at the first failed command, a failed stop included: starting over a half-stopped stack is worse than
@@ -45,15 +29,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
+from watchdog.act.restart_plan import SHM_SKIPPED, argv_for, plan, secs, shm_check_at
 from watchdog.childenv import child_env
-from watchdog.config.act import RestartSection, StepSection
-from watchdog.config.nodes import LOCAL, NodeSection
+from watchdog.config.act import RestartSection
+from watchdog.config.nodes import NodeSection
 
 log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 2048
 KILL_GRACE = 2.0  # seconds from SIGTERM to SIGKILL for a timed-out command's process group
-STARTING_VERBS = ("start", "restart")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +88,7 @@ class LocalRunner:
             duration = time.monotonic() - started
             output = _tail(out)
         if rc is None:
-            return RunResult(args, None, duration, True, output, f"timed out after {_secs(timeout)}s")
+            return RunResult(args, None, duration, True, output, f"timed out after {secs(timeout)}s")
         return RunResult(args, rc, duration, False, output, _exit_error(rc))
 
     def _end_group(self, child: subprocess.Popen[bytes]) -> None:
@@ -120,7 +104,7 @@ class LocalRunner:
         try:
             child.wait(timeout=self.kill_grace)
         except subprocess.TimeoutExpired:  # stuck in the kernel (D state): give up, do not hang the restart
-            log.warning("restart: pid %d survived SIGKILL for %ss", child.pid, _secs(self.kill_grace))
+            log.warning("restart: pid %d survived SIGKILL for %ss", child.pid, secs(self.kill_grace))
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -149,21 +133,6 @@ def _exit_error(rc: int) -> str:
         return f"killed by signal {-rc}"
 
 
-def _secs(seconds: float) -> str:
-    return f"{seconds:.1f}".removesuffix(".0")
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedCommand:
-    step: int | None  # index into restart.steps; None for the pre-start hook
-    kind: str  # systemd | docker | command | pre-start
-    description: str  # "systemd stop vllm-head.service", "pre-start hook", "command /opt/restart.sh"
-    node: str
-    argv: tuple[str, ...]
-    timeout: float  # the most it can get: its step's whole timeout (at run time, what is left of it)
-    starts: bool = False  # a starting command (start/restart, a command step, a hook): the /dev/shm check is before
-
-
 @dataclass(frozen=True, slots=True)
 class ShmReport:
     """One node's /dev/shm check: stale segments found (removed ones included) and removed, as (name, bytes)."""
@@ -185,85 +154,6 @@ class Sweeper(Protocol):
     """Lists (and, if its node is configured so, removes) the stale /dev/shm segments of one node; never raises."""
 
     def __call__(self) -> ShmReport: ...
-
-
-def docker_stop_time(timeout: float) -> int:
-    """``docker stop/restart --time``: a margin below ``timeout``, at least 1 s."""
-    margin = min(15.0, max(2.0, timeout / 10))
-    return max(1, int(timeout - margin))
-
-
-def plan(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[PlannedCommand]:
-    """The commands a restart runs, in order (see the module docstring for the rules)."""
-    hooks: dict[int, list[PlannedCommand]] = {}
-    overall = _first_start(section.steps)
-    for name, argv, timeout in ((LOCAL, section.pre_start, section.pre_start_timeout),
-                                *((n.name, n.pre_start, n.pre_start_timeout) for n in nodes)):
-        own = _first_start(section.steps, name)
-        at = own if own is not None else overall
-        if argv and at is not None:
-            what = "pre-start hook" if name == LOCAL else f"pre-start hook on node {name}"
-            hooks.setdefault(at, []).append(PlannedCommand(None, "pre-start", what, name, tuple(argv), timeout, True))
-    commands: list[PlannedCommand] = []
-    for index, step in enumerate(section.steps):
-        commands.extend(hooks.get(index, ()))
-        commands.extend(_step_commands(index, step))
-    return commands
-
-
-def _first_start(steps: Sequence[StepSection], node: str | None = None) -> int | None:
-    """The first starting step (of ``node``'s steps, or of all): start/restart, else the first command step that
-    does not say what it does (``action = "run"``, the default)."""
-    mine = [(i, s) for i, s in enumerate(steps) if node is None or s.node == node]
-    starting = [i for i, s in mine if s.verb in STARTING_VERBS]
-    unsaid = [i for i, s in mine if s.kind == "command" and s.verb == "run"]
-    return next(iter(starting or unsaid), None)
-
-
-SHM_SKIPPED = ("not done: nothing is stopped before the first start (a restart step stops and starts in one, so the "
-               "dead engine's segments are in use before it and the new engine's are being made after it); add a "
-               "stop step first to check /dev/shm")
-
-
-def shm_check_at(commands: Sequence[PlannedCommand]) -> int | None:
-    """Where the /dev/shm check goes: before the first starting command, or after the last when none starts; None
-    when nothing is stopped before the first starting command (`SHM_SKIPPED` says why)."""
-    first = next((i for i, c in enumerate(commands) if c.starts), len(commands))
-    if first < len(commands) and first == 0:
-        return None
-    return first
-
-
-def _step_commands(index: int, step: StepSection) -> list[PlannedCommand]:
-    verb, node, timeout = step.verb, step.node, step.timeout
-    starts = verb in (*STARTING_VERBS, "run")
-    if step.kind == "systemd":
-        return [PlannedCommand(index, "systemd", f"systemd {verb} {unit}", node,
-                               ("systemctl", "--no-ask-password", verb, "--", unit), timeout, starts)
-                for unit in step.units]
-    if step.kind == "docker":
-        stop_time = ("--time", str(docker_stop_time(timeout))) if verb in ("stop", "restart") else ()
-        return [PlannedCommand(index, "docker", f"docker {verb} {name}", node, ("docker", verb, *stop_time, name),
-                               timeout, starts) for name in step.containers]
-    if step.kind == "command":
-        return [PlannedCommand(index, "command", f"command {step.argv[0]}", node, step.argv, timeout, starts)] \
-            if step.argv else []
-    raise ValueError(f"restart.steps[{index}]: unknown kind {step.kind!r}")
-
-
-def _argv_for(command: PlannedCommand, time_left: float) -> tuple[str, ...]:
-    """The argv with docker's ``--time`` lowered to fit the time left in the step."""
-    argv = command.argv
-    if command.kind != "docker" or "--time" not in argv:
-        return argv
-    at = argv.index("--time") + 1
-    return (*argv[:at], str(min(int(argv[at]), docker_stop_time(time_left))), *argv[at + 1:])
-
-
-def describe(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[str]:
-    """The plan for people (``--dry-run``, ``watchdog status``): one line per command."""
-    return [f"{c.description} (node {c.node}, up to {_secs(c.timeout)}s): {shlex.join(c.argv)}"
-            for c in plan(section, nodes)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,10 +229,10 @@ class Restarter:
             key = command.step if command.step is not None else ("pre-start", command.node)
             time_left = deadlines.setdefault(key, now + command.timeout) - now
             if time_left > 0:
-                result = self.runners[command.node](_argv_for(command, time_left), time_left)
+                result = self.runners[command.node](argv_for(command, time_left), time_left)
             else:
                 result = RunResult(command.argv, None, 0.0, True,
-                                   error=f"not run: the step's {_secs(command.timeout)}s were used up")
+                                   error=f"not run: the step's {secs(command.timeout)}s were used up")
             results.append(result)
             records.append({"what": command.description, "node": command.node, "argv": shlex.join(result.argv)[:300],
                             "ok": result.ok, "rc": result.rc, "seconds": round(result.duration, 2),

@@ -80,16 +80,12 @@ def gpu_state(runner: DumpRunner = run_argv, timeout: float = 10.0) -> tuple[str
     return (out, "") if rc == 0 else ("", f"nvidia-smi failed (exit {rc}): {err.strip()[:200]}")
 
 
-def engine_versions(pids: Sequence[int], http: EngineHTTP, pyspy: str | None,
-                    runner: DumpRunner = run_argv) -> dict[str, str]:
-    versions = {"watchdog": __version__}
-    try:
-        reply = http.get("/version", accept="application/json", read_timeout=3.0, max_bytes=64 * 1024)
-        if reply.status == 200:
-            versions["vllm"] = str(reply.json().get("version", ""))
-    except (HttpFailure, ValueError, AttributeError):
-        pass
-    for pid in pids:  # torch (and vllm, when /version did not answer) from the engine's own site-packages
+def installed_versions(pids: Sequence[int], pyspy: str | None, runner: DumpRunner = run_argv,
+                       versions: dict[str, str] | None = None) -> dict[str, str]:
+    """torch and vllm from the engine's own site-packages (the first process whose executable can be read), and
+    py-spy's version; ``versions`` already known are kept (the head's and a node's agent's one reader)."""
+    versions = dict(versions or {})
+    for pid in pids:
         try:
             exe = Path(psutil.Process(pid).exe())
         except psutil.Error:
@@ -105,6 +101,18 @@ def engine_versions(pids: Sequence[int], http: EngineHTTP, pyspy: str | None,
         if rc == 0:
             versions["py-spy"] = out.strip().removeprefix("py-spy ").strip()
     return versions
+
+
+def engine_versions(pids: Sequence[int], http: EngineHTTP, pyspy: str | None,
+                    runner: DumpRunner = run_argv) -> dict[str, str]:
+    versions = {"watchdog": __version__}
+    try:
+        reply = http.get("/version", accept="application/json", read_timeout=3.0, max_bytes=64 * 1024)
+        if reply.status == 200:
+            versions["vllm"] = str(reply.json().get("version", ""))
+    except (HttpFailure, ValueError, AttributeError):
+        pass
+    return installed_versions(pids, pyspy, runner, versions)  # vllm from there when /version did not answer
 
 
 def gather(http: EngineHTTP, metrics_page: str, src: LogSource, pids: Sequence[int], pyspy: str | None,

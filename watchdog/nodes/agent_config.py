@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from watchdog.act.restart import plan
+from watchdog.act.restart_plan import plan
 from watchdog.config.act import RestartSection, StepSection, check_restart
 from watchdog.config.load import ConfigError, _section, _tname
 

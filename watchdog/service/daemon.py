@@ -108,7 +108,7 @@ class Daemon:
                  self.cfg.scrape.interval, self.cfg.judge.suspect_after, self.cfg.judge.stall_window, self.state_dir)
         ready = False
         # Everything built so far (modules, config, sessions) lives as long as the process: out of the collector's
-        # sight, a full collection walks only what the passes allocate (bench/results/footprint-breakdown.json).
+        # sight, a full collection walks only what the passes allocate.
         gc.freeze()
         try:
             while self._stop_signal is None:

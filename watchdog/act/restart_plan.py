@@ -1,0 +1,124 @@
+"""Act, pure: the commands a restart runs, in order, from ``[[restart.steps]]``; nothing here runs them
+(`watchdog.act.restart` does).
+
+`plan` turns ``[[restart.steps]]`` into single commands, never shell strings:
+
+* systemd: ``systemctl --no-ask-password <verb> -- <unit>``, one unit at a time in the order written
+  (systemctl given several units acts on them in parallel);
+* docker: ``docker <verb> [--time N] <container>``, one at a time; stop and restart get ``--time`` a margin
+  below the time left in the step, so docker escalates to SIGKILL before our own timeout fires;
+* command: its argv as written.
+
+Pre-start hooks, one per node, each with its own timeout: ``restart.pre_start`` is the head's ("local") hook and
+each ``[[nodes]]`` entry's ``pre_start`` is that node's, run ON that node (through its agent's ``run`` verb: the
+agent's own config must list the same argv as its ``pre_start``). A node's hook runs right before the first
+starting step that runs on that node: its first step whose action is start or restart (a command step may say
+``action = "start"``, ``"stop"`` or ``"restart"``); when it has none, its first command step that does not say
+(``action = "run"``, the default: what it does cannot be known). A node with no such step of its own gets its hook
+right before the first starting step overall (same rule over every step). With no starting step at all (stop
+steps only) no hook runs. Hooks that fall before the same step run local first, then the nodes in config order.
+With no ``[[nodes]]`` this is the single-host rule as it always was.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from watchdog.config.act import RestartSection, StepSection
+from watchdog.config.nodes import LOCAL, NodeSection
+
+STARTING_VERBS = ("start", "restart")
+
+
+def secs(seconds: float) -> str:
+    return f"{seconds:.1f}".removesuffix(".0")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedCommand:
+    step: int | None  # index into restart.steps; None for the pre-start hook
+    kind: str  # systemd | docker | command | pre-start
+    description: str  # "systemd stop vllm-head.service", "pre-start hook", "command /opt/restart.sh"
+    node: str
+    argv: tuple[str, ...]
+    timeout: float  # the most it can get: its step's whole timeout (at run time, what is left of it)
+    starts: bool = False  # a starting command (start/restart, a command step, a hook): the /dev/shm check is before
+
+
+def docker_stop_time(timeout: float) -> int:
+    """``docker stop/restart --time``: a margin below ``timeout``, at least 1 s."""
+    margin = min(15.0, max(2.0, timeout / 10))
+    return max(1, int(timeout - margin))
+
+
+def plan(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[PlannedCommand]:
+    """The commands a restart runs, in order (see the module docstring for the rules)."""
+    hooks: dict[int, list[PlannedCommand]] = {}
+    overall = _first_start(section.steps)
+    for name, argv, timeout in ((LOCAL, section.pre_start, section.pre_start_timeout),
+                                *((n.name, n.pre_start, n.pre_start_timeout) for n in nodes)):
+        own = _first_start(section.steps, name)
+        at = own if own is not None else overall
+        if argv and at is not None:
+            what = "pre-start hook" if name == LOCAL else f"pre-start hook on node {name}"
+            hooks.setdefault(at, []).append(PlannedCommand(None, "pre-start", what, name, tuple(argv), timeout, True))
+    commands: list[PlannedCommand] = []
+    for index, step in enumerate(section.steps):
+        commands.extend(hooks.get(index, ()))
+        commands.extend(_step_commands(index, step))
+    return commands
+
+
+def _first_start(steps: Sequence[StepSection], node: str | None = None) -> int | None:
+    """The first starting step (of ``node``'s steps, or of all): start/restart, else the first command step that
+    does not say what it does (``action = "run"``, the default)."""
+    mine = [(i, s) for i, s in enumerate(steps) if node is None or s.node == node]
+    starting = [i for i, s in mine if s.verb in STARTING_VERBS]
+    unsaid = [i for i, s in mine if s.kind == "command" and s.verb == "run"]
+    return next(iter(starting or unsaid), None)
+
+
+SHM_SKIPPED = ("not done: nothing is stopped before the first start (a restart step stops and starts in one, so the "
+               "dead engine's segments are in use before it and the new engine's are being made after it); add a "
+               "stop step first to check /dev/shm")
+
+
+def shm_check_at(commands: Sequence[PlannedCommand]) -> int | None:
+    """Where the /dev/shm check goes: before the first starting command, or after the last when none starts; None
+    when nothing is stopped before the first starting command (`SHM_SKIPPED` says why)."""
+    first = next((i for i, c in enumerate(commands) if c.starts), len(commands))
+    return None if first == 0 and commands else first
+
+
+def _step_commands(index: int, step: StepSection) -> list[PlannedCommand]:
+    verb, node, timeout = step.verb, step.node, step.timeout
+    starts = verb in (*STARTING_VERBS, "run")
+    if step.kind == "systemd":
+        return [PlannedCommand(index, "systemd", f"systemd {verb} {unit}", node,
+                               ("systemctl", "--no-ask-password", verb, "--", unit), timeout, starts)
+                for unit in step.units]
+    if step.kind == "docker":
+        stop_time = ("--time", str(docker_stop_time(timeout))) if verb in ("stop", "restart") else ()
+        return [PlannedCommand(index, "docker", f"docker {verb} {name}", node, ("docker", verb, *stop_time, name),
+                               timeout, starts) for name in step.containers]
+    if step.kind == "command":
+        return [PlannedCommand(index, "command", f"command {step.argv[0]}", node, step.argv, timeout, starts)] \
+            if step.argv else []
+    raise ValueError(f"restart.steps[{index}]: unknown kind {step.kind!r}")
+
+
+def argv_for(command: PlannedCommand, time_left: float) -> tuple[str, ...]:
+    """The argv with docker's ``--time`` lowered to fit the time left in the step."""
+    argv = command.argv
+    if command.kind != "docker" or "--time" not in argv:
+        return argv
+    at = argv.index("--time") + 1
+    return (*argv[:at], str(min(int(argv[at]), docker_stop_time(time_left))), *argv[at + 1:])
+
+
+def describe(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[str]:
+    """The plan for people (``--dry-run``, ``watchdog status``): one line per command."""
+    return [f"{c.description} (node {c.node}, up to {secs(c.timeout)}s): {shlex.join(c.argv)}"
+            for c in plan(section, nodes)]
