@@ -34,7 +34,9 @@ class EngineReading:
 @dataclass(frozen=True, slots=True)
 class PageReading:
     engines: Mapping[str, EngineReading]
-    vllm_series: int  # how many `vllm:` sample lines the page had (of any name)
+    # how many `vllm:` sample lines the page had (of any name), counted only when no engine was read (the one case
+    # the judge says it); 0 otherwise
+    vllm_series: int
     dropped: tuple[str, ...] = ()  # values ignored because they were NaN or infinite
 
 

@@ -30,6 +30,7 @@ import requests
 from tests.harness.server import BASE_ENV, free_port
 from tests.harness.sshnode import REAPER, SshNode
 from tests.harness.watcher import WatchdogProcess
+from watchdog.act.state import load_status
 
 HERE = Path(__file__).resolve().parent
 CTL = HERE / "two_node_ctl.py"
@@ -168,7 +169,7 @@ class HeadWatchdog(WatchdogProcess):
 
     def status(self) -> dict[str, object]:
         try:
-            return dict(json.loads((self.state_dir / "status.json").read_text()))
+            return load_status(self.state_dir, time.time()) or {}
         except (OSError, ValueError):
             return {}
 

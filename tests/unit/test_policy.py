@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,7 @@ def test_status_knows_a_stale_daemon_from_a_running_one(tmp_path: Path) -> None:
     code, s = status_of(cfg, NOW)
     assert code == 3 and s["daemon"] == "not running" and s["status_age_seconds"] is None
     save_status(tmp_path, {"time": NOW - 2, "interval": 1.0, "budget_left": 3})
+    os.utime(tmp_path / "status.json", (NOW - 2, NOW - 2))
     code, s = status_of(cfg, NOW)
     assert code == 0 and s["daemon"] == "running" and s["budget_left"] == 3
     code, s = status_of(cfg, NOW + 600)

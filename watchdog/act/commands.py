@@ -80,9 +80,9 @@ def cmd_reset(cfg: Config, _args: argparse.Namespace) -> int:
 def status_of(cfg: Config, now: float) -> tuple[int, dict[str, Any]]:
     """(exit code, status): 0 when the daemon wrote its status within a few passes, 3 when it did not."""
     state_dir = Path(cfg.state.dir)
-    status = load_status(state_dir) or {}
+    status = load_status(state_dir, now) or {}
     control = load_control(state_dir)
-    age = now - float(status.get("time", 0.0)) if status else None
+    age = now - float(status["confirmed"]) if status else None
     fresh = age is not None and age <= max(30.0, 5 * float(status.get("interval", 1.0)))
     status = {**status, "daemon": "running" if fresh else "not running", "status_age_seconds":
               None if age is None else round(age, 1), "paused": control.is_paused(now),

@@ -19,6 +19,7 @@ restarting again. While paused nothing is acted on and no alert is sent; events 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -66,6 +67,7 @@ class Responder:
         self._mono = 0.0
         self._quiet_since: float | None = None  # monotonic time the last incident ended: older verdicts are spent
         self._control_seen: tuple[int, int, int] | None = (-1, -1, -1)  # not yet read
+        self._control_path = str(state_dir / CONTROL)  # stat'ed every pass: the path built once
         self._reserved: dict[str, str] = {}  # engine -> the id its freeze's bundle took before the incident opened
 
     # -- the pass --------------------------------------------------------------------------------------
@@ -141,7 +143,7 @@ class Responder:
     def _read_control(self) -> None:
         """The operator's switches, parsed again only when the file changed (a stat a pass, not a parse)."""
         try:
-            st = (self.state_dir / CONTROL).stat()
+            st = os.stat(self._control_path)
             seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
         except OSError:
             seen = None
@@ -319,6 +321,7 @@ class Responder:
                                                   "phase": inc.phase, "attempts": inc.attempts, "bundle": inc.bundle},
             "recovery": None if progress is None else {"phase": progress.phase,
                                                        "seconds": round(now - progress.since, 1),
+                                                       "since": progress.since,
                                                        "tries": progress.tries, "last_try": progress.last_try},
             "paused": self.control.is_paused(now), "paused_until": until, "pause_reason": self.control.reason,
             "budget_left": self.budget.left(self.memory.restarts, now, self.control.reset_at),

@@ -53,6 +53,8 @@ class PageClient:
         self._sock_origin: tuple[str, int] | None = None
         self._buf = b""  # bytes read past the last response (none from a well-behaved server)
         self._got = 0  # body bytes of the current response so far, for the messages
+        self._requests: dict[tuple[str, str], bytes] = {}  # (url, accept) -> the request's bytes, built once
+        self._timeout: float | None = None  # the socket's timeout as last set (settimeout costs a syscall)
 
     # -- the one call ----------------------------------------------------------------------------------
 
@@ -101,7 +103,7 @@ class PageClient:
         except OSError as e:
             raise HttpFailure("unreachable", f"cannot reach {url}: {short(str(e))}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock, self._sock_origin = sock, origin
+        self._sock, self._sock_origin, self._timeout = sock, origin, connect
         return sock
 
     def _reusable(self, origin: tuple[str, int]) -> socket.socket | None:
@@ -117,18 +119,18 @@ class PageClient:
     def _exchange(self, origin: tuple[str, int], url: str, accept: str, connect: float,
                   read: float, started: float) -> tuple[_Head, socket.socket]:
         """Send the request and read the head; a kept-alive socket the server dropped gets one fresh retry."""
-        parts = urlsplit(url)
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        host = parts.netloc
-        request = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: {accept}\r\nAccept-Encoding: identity\r\n"
-                   f"User-Agent: engine-watchdog\r\n{self._extra}\r\n").encode("latin-1")
+        request = self._requests.get((url, accept))
+        if request is None:
+            request = self._request(url, accept)
         sock = self._reusable(origin)
         reused = sock is not None
         if sock is None:
             sock = self._connect(origin, url, connect)
         while True:
             try:
-                sock.settimeout(read)
+                if self._timeout != read:
+                    sock.settimeout(read)
+                    self._timeout = read
                 sock.sendall(request)
                 return self._head(sock, url, read, started), sock
             except _Stale:
@@ -145,6 +147,16 @@ class PageClient:
             except HttpFailure:
                 self.close()
                 raise
+
+    def _request(self, url: str, accept: str) -> bytes:
+        parts = urlsplit(url)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        request = (f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept: {accept}\r\n"
+                   f"Accept-Encoding: identity\r\nUser-Agent: engine-watchdog\r\n{self._extra}\r\n").encode("latin-1")
+        if len(self._requests) >= 16:  # redirect targets are few; never let them grow without bound
+            self._requests.clear()
+        self._requests[url, accept] = request
+        return request
 
     def _head(self, sock: socket.socket, url: str, read: float, started: float) -> _Head:
         buf = b""
@@ -259,6 +271,10 @@ class PageClient:
                status: int) -> bytes:
         # declared too big: read up to the cap, as the streaming reader would, then drop the connection
         length_to_read = cap + 1 if length > cap else length
+        if len(self._buf) >= length_to_read and length <= cap:  # the whole body came with the head: no copy
+            body, self._buf = self._buf[:length], self._buf[length:]
+            self._check(length, cap, what, started, deadline, status)
+            return body
         out = bytearray(length_to_read)
         view = memoryview(out)
         got = min(len(self._buf), length_to_read)

@@ -52,12 +52,13 @@ _WANTED: Mapping[str, tuple[str, str]] = {
 # A wanted series' line: its name after a newline, followed by labels or white space. Every wanted name starts
 # with "vllm:", so the pattern starts with the literal "\nvllm:" and re skips to each occurrence at C speed (a
 # `^` in MULTILINE mode is tried at every character: 8x slower on a 53 KB page, measured). The page is searched
-# with a newline in front, so its first line counts too; group 1 is the name without the prefix.
+# with a newline in front, so its first line counts too; group 1 is the name without the prefix, group 2 the rest
+# of the line (labels, value, timestamp).
 _PREFIX = "vllm:"
 assert all(n.startswith(_PREFIX) for n in _WANTED)
 _WANTED_LINE = re.compile(
     "\n" + _PREFIX + "(" + "|".join(re.escape(n[len(_PREFIX):]) for n in sorted(_WANTED, key=len, reverse=True))
-    + r")(?=[{ \t])[^\n]*"
+    + r")(?=[{ \t])([^\n]*)"
 )
 
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -89,43 +90,47 @@ def _parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
-# The same series carry the same label text on every scrape: each distinct text is parsed once (read-only dicts).
-# Measured warm on the TP=2 page under load (52 KB): read_page 237 -> 95 us.
-_LABEL_CACHE: dict[str, dict[str, str]] = {}
-_LABEL_CACHE_MAX = 4096
+class _Series:
+    """What one series' head (name and label text) means: the same on every scrape, so worked out once."""
+
+    __slots__ = ("engine", "field", "gauge", "key", "model")
+
+    def __init__(self, name: str, label_text: str) -> None:
+        labels = _parse_labels(label_text) if label_text else {}  # a malformed text raises and is never cached
+        kind, self.field = _WANTED[name]
+        self.gauge = kind == "gauge"
+        self.key = (name, tuple(sorted(labels.items())))  # two heads naming one series are a duplicate
+        self.engine = labels.get("engine", DEFAULT_ENGINE)
+        self.model = labels.get("model_name", "")
 
 
-def _labels_of(text: str) -> dict[str, str]:
-    labels = _LABEL_CACHE.get(text)
-    if labels is None:
-        labels = _parse_labels(text)  # a malformed text raises and is never cached
-        if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
-            _LABEL_CACHE.clear()
-        _LABEL_CACHE[text] = labels
-    return labels
+# Measured warm on the TP=2 page under load (52 KB): parsing each wanted line's labels on every scrape cost
+# read_page 237 us, the label texts cached 95 us, the whole head cached (this) about 45 us.
+_SERIES: dict[tuple[str, str], _Series] = {}
+_SERIES_MAX = 4096
 
 
-def _split_sample(line: str) -> tuple[str, str, float]:
-    """Split ``name{labels} value [timestamp]`` into name, raw label text and value."""
-    brace = line.find("{")
-    if brace >= 0:
-        close = line.rfind("}")
-        if close < brace:
-            raise PageError("malformed", f"unclosed label set: {line[:120]!r}")
-        name, label_text, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
-    else:
-        name, _, rest = line.replace("\t", " ").partition(" ")
-        label_text = ""
-    parts = rest.split()
+def _series(short: str, head: str) -> _Series:
+    series = _SERIES.get((short, head))
+    if series is None:
+        series = _Series(_PREFIX + short, head)
+        if len(_SERIES) >= _SERIES_MAX:
+            _SERIES.clear()
+        _SERIES[short, head] = series
+    return series
+
+
+def _value(text: str, line: str) -> float:
+    """The sample's value: the first field after the name and labels (a timestamp may follow)."""
+    parts = text.split(None, 1)
     if not parts:
         raise PageError("malformed", f"sample has no value: {line[:120]!r}")
     try:
         if "_" in parts[0]:
             raise ValueError(parts[0])  # Python's float() takes 1_0; the exposition format does not
-        value = float(parts[0])
+        return float(parts[0])
     except ValueError:
         raise PageError("malformed", f"value {parts[0][:40]!r} is not a number") from None
-    return name.strip(), label_text, value
 
 
 def read_page(text: str) -> PageReading:
@@ -142,29 +147,31 @@ def read_page(text: str) -> PageReading:
     dropped: list[str] = []
     poisoned: set[tuple[str, str]] = set()  # (engine, counter) with a non-finite part: unusable
     # Only the wanted lines are visited: one C-level regex scan finds them; the rest of the page is skipped.
-    vllm_series = text.count("\nvllm:") + text.startswith("vllm:")
     padded = "\n" + text  # positions in `padded` are one past those in `text`
     for m in _WANTED_LINE.finditer(padded):
-        line = m.group(0)[1:]
-        wanted = _WANTED[_PREFIX + m.group(1)]
+        short, rest = m.group(1, 2)
         try:
-            name, label_text, value = _split_sample(line)
-            labels = _labels_of(label_text) if label_text else {}
+            if rest[:1] == "{":
+                close = rest.rfind("}")
+                if close < 0:
+                    raise PageError("malformed", f"unclosed label set: {_PREFIX + short + rest[:120]!r}")
+                label_text, value = rest[1:close], _value(rest[close + 1 :], rest)
+            else:
+                label_text, value = "", _value(rest, rest)
+            series = _series(short, label_text)
         except PageError as e:
             raise PageError(e.kind, f"line {padded.count(chr(10), 0, m.start() + 1)}: {e.message}") from None
-        key = (name, tuple(sorted(labels.items())))
-        if key in seen:
+        if series.key in seen:
             line_no = padded.count("\n", 0, m.start() + 1)
-            raise PageError("duplicate", f"line {line_no}: series {name}{{{label_text}}} appears twice")
-        seen.add(key)
-        engine = labels.get("engine", DEFAULT_ENGINE)
-        models.setdefault(engine, labels.get("model_name", ""))
-        kind, field_ = wanted
+            raise PageError("duplicate", f"line {line_no}: series {_PREFIX}{short}{{{label_text}}} appears twice")
+        seen.add(series.key)
+        engine, field_ = series.engine, series.field
+        models.setdefault(engine, series.model)
         if not math.isfinite(value):
-            dropped.append(f"{name}{{{label_text}}} = {value}")
+            dropped.append(f"{_PREFIX}{short}{{{label_text}}} = {value}")
             poisoned.add((engine, field_))
             continue
-        if kind == "gauge":
+        if series.gauge:
             gauges.setdefault(engine, {})[field_] = value
         else:
             per_engine = counters.setdefault(engine, {})
@@ -186,4 +193,6 @@ def read_page(text: str) -> PageReading:
         )
         for engine in sorted(set(gauges) | set(counters) | set(models))
     }
+    # counted only when it is read: a page with none of the wanted series says how many vllm: series it had
+    vllm_series = 0 if engines else text.count("\nvllm:") + text.startswith("vllm:")
     return PageReading(engines=engines, vllm_series=vllm_series, dropped=tuple(dropped))

@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from watchdog.judge.judge import Judge, Thresholds
 from watchdog.types import (
@@ -32,6 +32,9 @@ TRACE_VERSION = 1
 
 CONTEXT_KINDS = frozenset({"gpu"})
 
+# One encoder for every line: json.dumps with options builds a new JSONEncoder on each call.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
 
 class TraceError(Exception):
     """A trace file cannot be read; the message names the line."""
@@ -43,7 +46,8 @@ def to_record(obs: Observation, wall: float | None = None) -> dict[str, Any]:
         if obs.page is None:
             rec.update(error_kind=obs.error_kind, error=obs.error, status=obs.status)
         else:
-            rec["vllm_series"] = obs.page.vllm_series
+            if obs.page.vllm_series:
+                rec["vllm_series"] = obs.page.vllm_series
             rec["engines"] = {
                 name: {"model": e.model, "running": e.running, "waiting": e.waiting, "kv": e.kv_usage,
                        "counters": dict(e.counters)}
@@ -123,13 +127,17 @@ def replay(observations: Iterator[Observation], thresholds: Thresholds) -> Itera
 
 
 class TraceWriter:
-    """Appends observations to a JSON-lines file; rolls it over to ``.1`` past ``max_bytes``."""
+    """Appends observations to a JSON-lines file; rolls it over to ``.1`` past ``max_bytes``.
+
+    One ``os.write`` a line on an ``O_APPEND`` descriptor, its size counted here: a line is on disk (in the page
+    cache) when the call returns, and no buffered layer asks the kernel where the file ends."""
 
     def __init__(self, path: Path, max_bytes: int = 0, header: dict[str, Any] | None = None) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self._header = {"kind": "header", "version": TRACE_VERSION, **(header or {})}
-        self._f: IO[str] | None = None
+        self._fd = -1
+        self._size = 0
 
     def write(self, obs: Observation, wall: float | None = None) -> None:
         """Append one observation. An OSError (disk full) drops the open handle and is raised: the next write
@@ -139,29 +147,31 @@ class TraceWriter:
     def write_record(self, record: dict[str, Any]) -> None:
         """Append one record; a kind the judge does not read (``gpu``) is kept for people and skipped by replay."""
         try:
-            if self._f is None:
+            if self._fd < 0:
                 self._open()
-            assert self._f is not None
-            self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
-            self._f.flush()
+            self._append((_ENCODE(record) + "\n").encode("utf-8"))
         except OSError:
-            f, self._f = self._f, None
-            if f is not None:
-                with contextlib.suppress(OSError):
-                    f.close()
+            self.close()
             raise
-        if self.max_bytes and self._f.tell() > self.max_bytes:
-            self._f.close()
+        if self.max_bytes and self._size > self.max_bytes:
+            self.close()
             os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-            self._f = None
+
+    def _append(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+            self._size += n
 
     def _open(self) -> None:
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
-        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across writes
-        if fresh:
-            self._f.write(json.dumps(self._header) + "\n")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        self._size = os.fstat(self._fd).st_size
+        if self._size == 0:
+            self._append((json.dumps(self._header) + "\n").encode("utf-8"))
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            with contextlib.suppress(OSError):
+                os.close(fd)

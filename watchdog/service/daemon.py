@@ -22,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from watchdog.act.assemble import Act
-from watchdog.act.state import iso, save_status
+from watchdog.act.state import iso, save_status, touch_status
 from watchdog.config.load import Config
 from watchdog.evidence.coordinator import EvidenceCoordinator
 from watchdog.evidence.deadline_read import read_deadlines
@@ -40,7 +40,8 @@ from watchdog.types import Observation, ProbeFinished, Scrape, State, Transition
 
 log = logging.getLogger(__name__)
 
-STATUS_EVERY = 5.0  # seconds between rewrites of an unchanged status.json
+STATUS_EVERY = 5.0  # seconds between rewrites of an unchanged status.json in trouble, and between its touches
+STATUS_CALM_EVERY = 30.0  # seconds between rewrites of an unchanged status.json while every engine is idle or working
 DEADLINES_EVERY = 300.0  # seconds between re-reads of the engine's timeouts (a restarted engine may have new ones)
 
 
@@ -69,7 +70,7 @@ class Daemon:
         self.act: Act | None = None
         self.nodes: NodeWatch | None = None  # [[nodes]]: every other node's ranks, for the verdicts
         self._status_seen: object = None
-        self._status_written = 0.0
+        self._status_written = self._status_touched = 0.0
         self._faults_alerted: set[str] = set()
         self._started = time.time()
         self._deadlines: dict[str, object] | None = None
@@ -265,23 +266,37 @@ class Daemon:
             verdicts = overlay(verdicts, views)
         status = self.act.step(verdicts, watcher.clock())
         self.exporter.set_response(status)
-        # written when something an operator would see changed, else every few seconds (`status` tells a stale file)
-        seen = (tuple((v.engine, v.state) for v in verdicts), repr(status["incident"]), status["paused"],
-                status["budget_left"], status["recovery"] and status["recovery"]["phase"])
         now = time.monotonic()
-        if seen == self._status_seen and now - self._status_written < STATUS_EVERY:
-            return
-        self._status_seen, self._status_written = seen, now
         if now - self._deadlines_read >= DEADLINES_EVERY:
             self._read_deadlines()
-        status.update({"pid": os.getpid(), "time": time.time(), "stack": self.cfg.engine.name, "url": self.url,
+        # rewritten when something an operator would see changed, and every few seconds while an engine is in trouble
+        # (its reason counts seconds); while all are idle or working, every half minute (their reasons hold counts),
+        # its mtime moving every few seconds meanwhile. The reader counts durations from the wall times written.
+        seen = (tuple((v.engine, v.state, v.since) for v in verdicts), repr(status["incident"]), status["paused"],
+                status["budget_left"], status["recovery"] and status["recovery"]["phase"],
+                self._deadlines and self._deadlines.get("warning"))
+        calm = all(v.state in (State.IDLE, State.WORKING) for v in verdicts)
+        if seen == self._status_seen and now - self._status_written < (STATUS_CALM_EVERY if calm else STATUS_EVERY):
+            if now - self._status_touched >= STATUS_EVERY:
+                self._status_touched = now
+                try:
+                    touch_status(self.state_dir)
+                except OSError as e:
+                    self._status_seen = ()  # rewrite it whole on the next pass
+                    log.warning("cannot touch %s/status.json: %s", self.state_dir, e.strerror)
+            return
+        self._status_seen, self._status_written, self._status_touched = seen, now, now
+        wall, mono = time.time(), watcher.clock()
+        status.update({"pid": os.getpid(), "time": wall, "stack": self.cfg.engine.name, "url": self.url,
                        "interval": self.cfg.scrape.interval,
                        "engines": [{"engine": v.engine, "state": v.state.value, "reason": v.reason,
-                                    "for_seconds": round(watcher.clock() - v.since, 1)} for v in verdicts],
+                                    "for_seconds": round(mono - v.since, 1), "since": wall - (mono - v.since)}
+                                   for v in verdicts],
                        "deadlines": self._deadlines})
         try:
             save_status(self.state_dir, status)
         except OSError as e:
+            self._status_seen = ()  # try it whole again on the next pass
             self.exporter.write_errors.labels("status.json").inc()
             log.warning("cannot write %s/status.json: %s", self.state_dir, e.strerror)
 

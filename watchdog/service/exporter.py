@@ -22,6 +22,8 @@ class Exporter:
             ProcessCollector(registry=self.registry)
         r = self.registry
         self._state_shown: dict[str, State] = {}
+        self._response_shown: tuple[object, ...] = ()
+        self._per_engine: dict[str, tuple[Gauge, Gauge]] = {}
         self.state = Gauge("watchdog_engine_state", "1 for the engine's current state, 0 for the others",
                            ["engine", "state"], registry=r)
         self.since_progress = Gauge("watchdog_engine_seconds_since_progress",
@@ -81,16 +83,24 @@ class Exporter:
                 for state in State:
                     self.state.labels(v.engine, state.value).set(1.0 if v.state == state else 0.0)
                 self._state_shown[v.engine] = v.state
-            self.since_progress.labels(v.engine).set(
-                float("nan") if v.last_progress is None else max(0.0, now - v.last_progress))
-            self.stalled.labels(v.engine).set(v.stalled_for)
+            children = self._per_engine.get(v.engine)
+            if children is None:  # a labelled child looked up once per engine, not on every pass
+                children = self._per_engine[v.engine] = (self.since_progress.labels(v.engine),
+                                                         self.stalled.labels(v.engine))
+            children[0].set(float("nan") if v.last_progress is None else max(0.0, now - v.last_progress))
+            children[1].set(v.stalled_for)
 
     def set_response(self, status: dict[str, Any]) -> None:
+        rec = status.get("recovery") or {}
+        shown = (status.get("paused"), status.get("budget_left"), status.get("gave_up"), bool(status.get("incident")),
+                 rec.get("phase"), rec.get("seconds"))
+        if shown == self._response_shown:  # the same as last pass: nothing to set
+            return
+        self._response_shown = shown
         self.paused.set(1.0 if status.get("paused") else 0.0)
         self.budget_left.set(float(status.get("budget_left", 0)))
         self.gave_up.set(1.0 if status.get("gave_up") else 0.0)
         self.incident_open.set(1.0 if status.get("incident") else 0.0)
-        rec = status.get("recovery") or {}
         for phase in ("restarting", "proving"):
             self.recovering.labels(phase).set(float(rec.get("seconds", 0.0)) if rec.get("phase") == phase else 0.0)
 
