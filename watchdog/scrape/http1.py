@@ -14,6 +14,7 @@ Not thread-safe: one caller (the watch loop) owns it.
 from __future__ import annotations
 
 import errno
+import re
 import select
 import socket
 import time
@@ -24,6 +25,7 @@ from watchdog.types import NO_ANSWER, HttpLimits
 
 _RECV = 65536
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_HEADER = re.compile(r"\r\n([^:\r\n]*):([^\r\n]*)")  # each header line after the status line: name, value
 _MAX_HEAD = 65536  # status line and headers; more is not an HTTP server we want to read
 
 
@@ -191,15 +193,13 @@ class PageClient:
 
     @staticmethod
     def _parse_head(raw: bytes, url: str) -> _Head:
-        lines = raw.decode("latin-1").split("\r\n")
-        status_line = lines[0].split(" ", 2)
+        text = raw.decode("latin-1")
+        first, _, _rest = text.partition("\r\n")
+        status_line = first.split(" ", 2)
         if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
-            raise HttpFailure("unreachable", f"{url} did not answer HTTP: {short(lines[0], 80)!r}")
+            raise HttpFailure("unreachable", f"{url} did not answer HTTP: {short(first, 80)!r}")
         headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                continue
+        for name, value in _HEADER.findall(text):  # one C scan for every header line
             key = name.strip().lower()
             value = value.strip()
             headers[key] = f"{headers[key]}, {value}" if key in headers and key != "content-length" else value

@@ -1,0 +1,56 @@
+"""The watchdog's own metrics as prometheus_client's parser reads them back: per-pass values kept as plain numbers
+must come out as the same series a Gauge or Counter would give."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from watchdog.service.exporter import Exporter
+from watchdog.types import PageReading, Scrape, State, Verdict
+
+
+def samples(e: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(e.registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_per_pass_values_read_back_as_metrics() -> None:
+    e = Exporter()
+    for i in range(3):
+        e.observe_scrape(Scrape(float(i), 1e9 + i, PageReading({}, 0)))
+    e.observe_scrape(Scrape(3.0, 1e9 + 3, None, "refused", "nothing listening"))
+    e.set_verdicts([Verdict("0", State.WORKING, "moved", 0.0, 10.0, 0.0, last_progress=7.5),
+                    Verdict("1", State.SUSPECT, "no progress", 2.0, 10.0, 6.0, last_progress=None)], 10.0)
+    got = samples(e)
+    assert got[("watchdog_scrapes_total", ())] == 4
+    assert got[("watchdog_last_scrape_timestamp_seconds", ())] == 1e9 + 3
+    assert got[("watchdog_scrape_errors_total", (("kind", "refused"),))] == 1
+    assert got[("watchdog_engine_seconds_since_progress", (("engine", "0"),))] == 2.5
+    assert math.isnan(got[("watchdog_engine_seconds_since_progress", (("engine", "1"),))])
+    assert got[("watchdog_engine_stalled_seconds", (("engine", "1"),))] == 6.0
+    assert got[("watchdog_engine_state", (("engine", "1"), ("state", "suspect")))] == 1.0
+    assert got[("watchdog_engine_state", (("engine", "1"), ("state", "working")))] == 0.0
+
+
+def test_an_engine_gone_from_the_verdicts_is_gone_from_the_per_pass_series() -> None:
+    e = Exporter()
+    e.set_verdicts([Verdict("0", State.IDLE, "", 0.0, 1.0), Verdict("1", State.IDLE, "", 0.0, 1.0)], 1.0)
+    e.set_verdicts([Verdict("0", State.IDLE, "", 0.0, 2.0)], 2.0)
+    engines = {dict(k[1]).get("engine") for k in samples(e) if k[0] == "watchdog_engine_stalled_seconds"}
+    assert engines == {"0"}
+
+
+def test_response_gauges_follow_a_changed_status_only() -> None:
+    e = Exporter()
+    status = {"paused": False, "budget_left": 3, "gave_up": None, "incident": None,
+              "recovery": {"phase": "restarting", "seconds": 4.0}}
+    e.set_response(status)
+    assert samples(e)[("watchdog_recovery_seconds", (("phase", "restarting"),))] == 4.0
+    e.set_response({**status, "recovery": None, "budget_left": 2})
+    got = samples(e)
+    assert got[("watchdog_recovery_seconds", (("phase", "restarting"),))] == 0.0
+    assert got[("watchdog_restart_budget_remaining", ())] == 2
