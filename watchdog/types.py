@@ -98,6 +98,9 @@ class State(StrEnum):
     BLIND = "blind"
 
 
+CALM = frozenset({State.IDLE, State.WORKING})  # the states with nothing to act on and nothing to look closer at
+
+
 # -- observations: what the judge is fed, each stamped with the judge's clock ---------------------------
 
 

@@ -46,6 +46,7 @@ class RecordingAct:
     def __init__(self) -> None:
         self.faults: list[tuple[str, str]] = []
         self.steps = 0
+        self.incident_open = False
 
     def fault(self, stage: str, error: str, where: str, started: float) -> None:
         self.faults.append((stage, error))

@@ -274,3 +274,25 @@ def test_a_failed_restart_still_starting_is_acted_on_again(h: Harness) -> None:
     h.step(State.STARTING, advance=61)
     h.step(State.STARTING, advance=1)
     assert len(h.recovery.jobs) == 2
+
+
+def test_a_pause_taken_while_calm_holds_the_first_pass_in_trouble(h: Harness) -> None:
+    h.step(State.WORKING)  # calm: the switches were read on this pass, then only every few seconds
+    save_control(h.tmp, Control(paused=True))
+    h.step(State.WORKING, advance=0.5)
+    assert h.r.status(h.clock.wall)["paused"] is False  # calm and read 0.5 s ago: not looked at yet (that is fine)
+    h.step(State.FROZEN, advance=0.5)  # trouble: read on this very pass, before anything is done
+    h.r.evidence("0", "stuck", "/b", {})
+    h.step(State.FROZEN)
+    assert h.recovery.jobs == [] and h.alerts == []
+    assert [e["choice"] for e in h.events if e["event"] == "restart_not_run"] == ["paused"]
+
+
+def test_while_calm_the_switches_are_read_every_few_seconds(h: Harness) -> None:
+    h.step(State.IDLE)
+    save_control(h.tmp, Control(paused=True))
+    seen = []
+    for _ in range(7):
+        h.step(State.IDLE)
+        seen.append(h.r.status(h.clock.wall)["paused"])
+    assert seen[0] is False and seen[-1] is True and seen.index(True) <= 5

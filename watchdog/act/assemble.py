@@ -76,6 +76,10 @@ class Act:
         self.heartbeat.beat(mono, bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
         return self.responder.status(time.time())
 
+    @property
+    def incident_open(self) -> bool:
+        return self.responder.memory.incident is not None
+
     def incident_id_for(self, engine: str, wall: float) -> str:
         """The one id of this engine's freeze (open incident, or reserved for the one that opens next)."""
         return self.responder.id_for(engine, wall)

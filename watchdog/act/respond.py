@@ -32,7 +32,7 @@ from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
 from watchdog.act.restart import RestartOutcome
 from watchdog.act.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
 from watchdog.config.load import Config
-from watchdog.types import State, Verdict, base_url, incident_id
+from watchdog.types import CALM, State, Verdict, base_url, incident_id
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,11 @@ class Recoverer(Protocol):
     def poll(self) -> RecoveryDone | None: ...
 
 
+# With no incident, no recovery and every engine idle or working there is nothing to act on: the operator's switches
+# are looked at every few seconds (for the status), and on every pass again from the first sign of trouble.
+CONTROL_CALM_EVERY = 5.0
+
+
 class Responder:
     def __init__(self, cfg: Config, state_dir: Path, alerts: AlertSender, recovery: Recoverer,
                  event: Callable[[dict[str, Any]], None], plan: list[str] | None = None,
@@ -67,7 +72,8 @@ class Responder:
         self._mono = 0.0
         self._quiet_since: float | None = None  # monotonic time the last incident ended: older verdicts are spent
         self._control_seen: tuple[int, int, int] | None = (-1, -1, -1)  # not yet read
-        self._control_path = str(state_dir / CONTROL)  # stat'ed every pass: the path built once
+        self._control_path = str(state_dir / CONTROL)  # stat'ed often: the path built once
+        self._control_read_at = float("-inf")
         self._reserved: dict[str, str] = {}  # engine -> the id its freeze's bundle took before the incident opened
 
     # -- the pass --------------------------------------------------------------------------------------
@@ -97,7 +103,11 @@ class Responder:
 
     def step(self, verdicts: list[Verdict], mono: float) -> None:
         now = self.wall()
-        self._read_control()
+        calm = (self.memory.incident is None and self.recovery.progress is None
+                and all(v.state in CALM for v in verdicts))
+        if not calm or mono - self._control_read_at >= CONTROL_CALM_EVERY or mono < self._control_read_at:
+            self._read_control()  # before anything is acted on: every pass unless all is calm
+            self._control_read_at = mono
         self._verdicts, self._mono = {v.engine: v for v in verdicts}, mono
         for engine in [e for e in self._reserved if e not in self._verdicts or self._verdicts[e].state != State.FROZEN]:
             del self._reserved[engine]  # that freeze is over: its id is not for a later one
@@ -141,7 +151,7 @@ class Responder:
                         {"kind": inc.kind, "verdict": decision, "bundle": bundle, **details})
 
     def _read_control(self) -> None:
-        """The operator's switches, parsed again only when the file changed (a stat a pass, not a parse)."""
+        """The operator's switches, parsed again only when the file changed (a stat, not a parse)."""
         try:
             st = os.stat(self._control_path)
             seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)

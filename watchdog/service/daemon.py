@@ -36,7 +36,7 @@ from watchdog.service.events import EventLog, log_transition, transition_record
 from watchdog.service.exporter import Exporter
 from watchdog.service.sdnotify import Notifier
 from watchdog.service.watcher import ObservationSink, Watcher, build_watcher
-from watchdog.types import Observation, ProbeFinished, Scrape, State, Transition, Verdict, base_url, incident_id
+from watchdog.types import CALM, Observation, ProbeFinished, Scrape, State, Transition, Verdict, base_url, incident_id
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class Daemon:
         self.http = EngineHTTP(cfg.engine.url, cfg.scrape.limits(), cfg.api_key().reveal())
         self.events = EventLog(state_dir / "events.jsonl")
         self._trace: TraceWriter | None = None
+        self._calm = False  # the last pass saw every engine idle or working, with no incident open
         self._wake_r, self._wake_w = -1, -1
         self._stop_signal: int | None = None
         self.runner: EvidenceRunner | None = None
@@ -183,14 +184,25 @@ class Daemon:
     def _write_trace(self, obs: Observation, wall: float) -> None:
         assert self._trace is not None
         try:
-            self._trace.write(obs, wall)
+            # a calm scrape waits a few seconds for company; anything else, or trouble, goes out at once
+            self._trace.write(obs, wall, hold=self._calm and isinstance(obs, Scrape))
         except OSError as e:
             self.exporter.write_errors.labels("trace.jsonl").inc()
             self._fault("trace", f"cannot write trace.jsonl: {e.strerror or e}")
 
     def _report(self, watcher: Watcher, transitions: list[Transition]) -> None:
+        verdicts = watcher.judge.verdicts()
         self.exporter.observe_transitions(transitions)
-        self.exporter.set_verdicts(watcher.judge.verdicts(), watcher.clock())
+        self.exporter.set_verdicts(verdicts, watcher.clock())
+        calm = (not transitions and bool(verdicts) and all(v.state in CALM for v in verdicts)
+                and (self.act is None or not self.act.incident_open))
+        if not calm and self._trace is not None:
+            try:
+                self._trace.flush()  # what led here is on disk before anything is done about it
+            except OSError as e:
+                self.exporter.write_errors.labels("trace.jsonl").inc()
+                self._fault("trace", f"cannot write trace.jsonl: {e.strerror or e}")
+        self._calm = calm
         for tr in transitions:
             log_transition(self.cfg.engine.name, tr)
             self._event(transition_record(self.cfg.engine.name, self.url, tr, watcher.wall_of(tr.t)))
@@ -275,7 +287,7 @@ class Daemon:
         seen = (tuple((v.engine, v.state, v.since) for v in verdicts), repr(status["incident"]), status["paused"],
                 status["budget_left"], status["recovery"] and status["recovery"]["phase"],
                 self._deadlines and self._deadlines.get("warning"))
-        calm = all(v.state in (State.IDLE, State.WORKING) for v in verdicts)
+        calm = all(v.state in CALM for v in verdicts)
         if seen == self._status_seen and now - self._status_written < (STATUS_CALM_EVERY if calm else STATUS_EVERY):
             if now - self._status_touched >= STATUS_EVERY:
                 self._status_touched = now
