@@ -332,3 +332,16 @@ def test_unwanted_vllm_series_are_counted_but_not_read() -> None:
 def test_empty_page_reads_as_no_engines() -> None:
     got = assert_agrees("")
     assert got == PageReading(engines={}, vllm_series=0)
+
+
+def test_known_heads_read_new_values_and_new_forms_right() -> None:
+    """read_page remembers each line's head from one scrape to the next: the values, a timestamp added later, a tab
+    instead of a space or a value that stops being a number must still read as prometheus_client reads them."""
+    head = 'vllm:generation_tokens_total{engine="0",model_name="a b"}'
+    for rest in (" 1", " 2", " 3.5e2", " 4 1700000000000", "\t5", "  6", " 7"):
+        got = assert_agrees(page(f"{head}{rest}", 'vllm:num_requests_running{engine="0"} 1'))
+        assert got.engines["0"].counters["generation_tokens"] == float(rest.split()[0])
+    with pytest.raises(PageError, match="not a number"):
+        read_page(page(f"{head} 1_0"))
+    with pytest.raises(PageError, match="not a number"):
+        read_page(page(f"{head} x"))

@@ -133,6 +133,32 @@ def _value(text: str, line: str) -> float:
         raise PageError("malformed", f"value {parts[0][:40]!r} is not a number") from None
 
 
+# "\nvllm:name{labels}" -> its series and label text, for lines of the one form "head value"
+_HEADS: dict[str, tuple[_Series, str]] = {}
+
+
+def _parse_line(padded: str, m: re.Match[str], line_head: str, value_text: str) -> tuple[_Series, str, float]:
+    """A wanted line read in full (labels, value, an optional timestamp); a head of the plain form is remembered."""
+    short, rest = m.group(1, 2)
+    try:
+        if rest[:1] == "{":
+            close = rest.rfind("}")
+            if close < 0:
+                raise PageError("malformed", f"unclosed label set: {_PREFIX + short + rest[:120]!r}")
+            label_text, after = rest[1:close], rest[close + 1 :]
+        else:
+            label_text, after = "", rest
+        value = _value(after, rest)
+        series = _series(short, label_text)
+    except PageError as e:
+        raise PageError(e.kind, f"line {padded.count(chr(10), 0, m.start() + 1)}: {e.message}") from None
+    if after.split() == [value_text]:  # "head value" and nothing else: the next scrape's line splits the same way
+        if len(_HEADS) >= _SERIES_MAX:
+            _HEADS.clear()
+        _HEADS[line_head] = (series, label_text)
+    return series, label_text, value
+
+
 def read_page(text: str) -> PageReading:
     """Pick the judgement's series out of a page. Raises PageError when the page is not usable."""
     head = text.lstrip()[:1]
@@ -149,26 +175,26 @@ def read_page(text: str) -> PageReading:
     # Only the wanted lines are visited: one C-level regex scan finds them; the rest of the page is skipped.
     padded = "\n" + text  # positions in `padded` are one past those in `text`
     for m in _WANTED_LINE.finditer(padded):
-        short, rest = m.group(1, 2)
-        try:
-            if rest[:1] == "{":
-                close = rest.rfind("}")
-                if close < 0:
-                    raise PageError("malformed", f"unclosed label set: {_PREFIX + short + rest[:120]!r}")
-                label_text, value = rest[1:close], _value(rest[close + 1 :], rest)
-            else:
-                label_text, value = "", _value(rest, rest)
-            series = _series(short, label_text)
-        except PageError as e:
-            raise PageError(e.kind, f"line {padded.count(chr(10), 0, m.start() + 1)}: {e.message}") from None
+        # the line's head (name and labels) is the same on every scrape: known heads skip the parse
+        line_head, _, value_text = m.group(0).rpartition(" ")
+        known = _HEADS.get(line_head)
+        if known is not None and "_" not in value_text:
+            series, label_text = known
+            try:
+                value = float(value_text)
+            except ValueError:
+                raise PageError("malformed", f"line {padded.count(chr(10), 0, m.start() + 1)}: value "
+                                f"{value_text[:40]!r} is not a number") from None
+        else:
+            series, label_text, value = _parse_line(padded, m, line_head, value_text)
         if series.key in seen:
             line_no = padded.count("\n", 0, m.start() + 1)
-            raise PageError("duplicate", f"line {line_no}: series {_PREFIX}{short}{{{label_text}}} appears twice")
+            raise PageError("duplicate", f"line {line_no}: series {series.key[0]}{{{label_text}}} appears twice")
         seen.add(series.key)
         engine, field_ = series.engine, series.field
         models.setdefault(engine, series.model)
         if not math.isfinite(value):
-            dropped.append(f"{_PREFIX}{short}{{{label_text}}} = {value}")
+            dropped.append(f"{series.key[0]}{{{label_text}}} = {value}")
             poisoned.add((engine, field_))
             continue
         if series.gauge:
