@@ -4,7 +4,12 @@ must come out as the same series a Gauge or Counter would give."""
 from __future__ import annotations
 
 import math
+import socket
+import threading
+import time
+from pathlib import Path
 
+import requests
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -54,3 +59,31 @@ def test_response_gauges_follow_a_changed_status_only() -> None:
     got = samples(e)
     assert got[("watchdog_recovery_seconds", (("phase", "restarting"),))] == 0.0
     assert got[("watchdog_restart_budget_remaining", ())] == 2
+
+
+def _runs(native_id: int) -> int:
+    """How many times the kernel has run this thread (schedstat's third field)."""
+    return int(Path(f"/proc/self/task/{native_id}/schedstat").read_text().split()[2])
+
+
+def test_the_exporter_answers_and_sleeps_between_requests() -> None:
+    e = Exporter()
+    port = e.serve("127.0.0.1", 0)
+    thread = next(t for t in threading.enumerate() if t.name == "exporter")
+    assert thread.native_id is not None
+    before = _runs(thread.native_id)
+    time.sleep(1.5)  # prometheus_client's own loop would have woken three times by now
+    assert _runs(thread.native_id) == before
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert "watchdog_scrapes_total 0.0" in text
+
+
+def test_the_exporter_listens_on_ipv6_when_asked() -> None:
+    if not socket.has_ipv6:
+        return
+    try:
+        socket.getaddrinfo("::1", 0, type=socket.SOCK_STREAM)
+    except OSError:
+        return
+    port = Exporter().serve("::1", 0)
+    assert requests.get(f"http://[::1]:{port}/metrics", timeout=10).status_code == 200

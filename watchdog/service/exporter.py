@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 from collections.abc import Iterable
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
@@ -53,7 +57,15 @@ class Exporter:
         self.port = 0
 
     def serve(self, listen: str, port: int) -> int:
-        server, _thread = start_http_server(port, addr=listen, registry=self.registry)
+        """prometheus_client's server in a thread, as `start_http_server` makes it, except that its loop sleeps until
+        a request comes: `start_http_server`'s wakes twice a second to look for a shutdown nobody asks for (measured:
+        0.03% of a core, a third of the whole service's). Started once; it lives as long as the process."""
+        info = socket.getaddrinfo(listen, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        server_class = type("ExporterServer", (ThreadingWSGIServer,), {"address_family": info[0]})  # v4 or v6
+        server: ThreadingWSGIServer = make_server(str(info[4][0]), port, make_wsgi_app(self.registry), server_class,
+                                                  handler_class=_QuietHandler)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": None}, name="exporter",
+                         daemon=True).start()
         self.port = int(server.server_address[1])
         log.info("exporting watchdog metrics on http://%s:%d/metrics", listen, self.port)
         return self.port
@@ -102,6 +114,11 @@ class Exporter:
 
     def observe_event(self, name: str) -> None:
         self.actions.labels(name).inc()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
 
 
 class _PassValues(Collector):
