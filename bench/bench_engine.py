@@ -34,7 +34,7 @@ from tests.harness.faults import frozen  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.metrics import watched  # noqa: E402
 from tests.harness.models import fast_model  # noqa: E402
-from tests.harness.server import VllmServer  # noqa: E402
+from tests.harness.server import VllmServer, free_port  # noqa: E402
 from tests.harness.watcher import WatchdogProcess, event_time  # noqa: E402
 
 NAIVE = """
@@ -65,7 +65,7 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def footprint(server: VllmServer, workdir: Path, minutes: float) -> dict[str, float]:
-    w = WatchdogProcess(server.url, workdir / "footprint", "").start()  # default settings
+    w = WatchdogProcess(server.url, workdir / "footprint", "", metrics_port=free_port()).start()  # defaults
     naive = subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -37,7 +37,7 @@ from bench.profile_tick import on_cpu_ns  # noqa: E402
 from tests.harness.engine_env import engine_python  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.models import fast_model  # noqa: E402
-from tests.harness.server import VllmServer  # noqa: E402
+from tests.harness.server import VllmServer, free_port  # noqa: E402
 from tests.harness.watcher import WatchdogProcess  # noqa: E402
 from watchdog.scrape.http1 import PageClient  # noqa: E402
 from watchdog.scrape.page import COUNTERS, GAUGES  # noqa: E402
@@ -77,7 +77,7 @@ def phase(api_pid: int, seconds: float, url: str, path: str | None) -> dict[str,
 
 
 def side_by_side(server: VllmServer, workdir: Path, seconds: float) -> dict[str, float]:
-    w = WatchdogProcess(server.url, workdir / "service", "").start()
+    w = WatchdogProcess(server.url, workdir / "service", "", metrics_port=free_port()).start()  # defaults: exporter on
     naive = subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

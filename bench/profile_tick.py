@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/profile_tick.py [--passes 2000] [--chunked] [--top 25]
     .venv/bin/python bench/profile_tick.py --cpu 60     # `watchdog run` at 1 Hz: its CPU, beside the naive watcher
+    .venv/bin/python bench/profile_tick.py --cpu 120 --against /tmp/base   # ... and another checkout's service
+    .venv/bin/python bench/profile_tick.py --cold 40    # each stage of a pass at 1 Hz, cold, in us
 
 The page server (bench/page_server.py) serves the TP=2 page under load with a counter advancing per request.
 ``--passes`` runs the daemon's pass (scrape, judge, report, act, evidence) back to back under cProfile and prints
@@ -106,31 +108,103 @@ def on_cpu_ns(pid: int) -> int:
 SLEEPER = "import time\nwhile True:\n    time.sleep(1)\n"
 
 
-def service_cpu(url: str, seconds: float) -> dict[str, float]:
-    """The service at defaults, the naive watcher and a Python that only sleeps 1 s in a loop (the floor), side by
-    side against the same page server."""
+def service_cpu(url: str, seconds: float, against: str = "") -> dict[str, float]:
+    """The service at defaults (exporter on), the naive watcher and a Python that only sleeps 1 s in a loop (the
+    floor), side by side against the same page server; with ``against``, also the service of another checkout (an
+    older commit's worktree), so that a change is measured in one run."""
     from tests.harness.watcher import WatchdogProcess
 
     with tempfile.TemporaryDirectory(prefix="profile-cpu-") as tmp:
-        w = WatchdogProcess(url, Path(tmp) / "w", "[gpu]\nenabled = false\n").start()
+        w = WatchdogProcess(url, Path(tmp) / "w", "[gpu]\nenabled = false\n", metrics_port=free_port()).start()
         naive = subprocess.Popen([sys.executable, "-c", NAIVE, url], start_new_session=True)
         sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
+        others = [naive, sleeper]
+        if against:  # `python -m watchdog` from that tree's root imports that tree's package
+            (Path(tmp) / "o").mkdir()
+            (Path(tmp) / "o" / "w.toml").write_text("[gpu]\nenabled = false\n")
+            others.append(subprocess.Popen(
+                [sys.executable, "-m", "watchdog", "run", "--url", url, "--state-dir", str(Path(tmp) / "o"),
+                 "--config", str(Path(tmp) / "o" / "w.toml"), "--metrics-port", str(free_port())],
+                cwd=against, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         try:
             time.sleep(10)
             assert w._popen is not None
             pids = {"watchdog": w._popen.pid, "naive": naive.pid, "sleeping_python": sleeper.pid}
+            if against:
+                pids["against"] = others[-1].pid
             a, t0 = {k: on_cpu_ns(p) for k, p in pids.items()}, time.monotonic()
             time.sleep(seconds)
             b, wall = {k: on_cpu_ns(p) for k, p in pids.items()}, time.monotonic() - t0
             res: dict[str, float] = {"seconds": round(wall, 1)}
             res.update({f"{k}_cpu_percent": round((b[k] - a[k]) / 1e9 / wall * 100, 4) for k in pids})
-            res["ratio_naive_to_watchdog"] = round(res["naive_cpu_percent"] / max(res["watchdog_cpu_percent"], 1e-9), 1)
+            for name in ("watchdog", "against") if against else ("watchdog",):
+                ours = max(res[f"{name}_cpu_percent"], 1e-9)
+                res[f"ratio_naive_to_{name}"] = round(res["naive_cpu_percent"] / ours, 1)
             return res
         finally:
-            for p in (naive, sleeper):
+            for p in others:
                 p.kill()
                 p.wait(10)
             w.stop()
+
+
+def cold_stages(url: str, passes: int) -> dict[str, float]:
+    """The daemon's pass once a second, as the service runs it (cold: caches and the CPU idle in between), each
+    stage's thread CPU time in us per pass, in-process."""
+    import functools
+    import statistics
+
+    from watchdog.act.assemble import Act
+    from watchdog.config.load import load
+    from watchdog.judge.judge import Judge
+    from watchdog.scrape import fetch
+    from watchdog.scrape.http1 import PageClient
+    from watchdog.scrape.trace import TraceWriter
+    from watchdog.service.daemon import Daemon
+    from watchdog.service.watcher import build_watcher
+
+    spent: dict[str, int] = {}
+
+    def timed(owner: object, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def wrapper(*args: object, **kwargs: object) -> object:
+            t0 = time.thread_time_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0) + time.thread_time_ns() - t0
+
+        setattr(owner, name, wrapper)
+
+    for owner, name, label in ((PageClient, "get", "GET of the page"), (fetch, "read_page", "reading it"),
+                               (Judge, "observe", "judge"), (TraceWriter, "write", "trace"),
+                               (Daemon, "_report", "report (exporter, events)"), (Daemon, "_respond", "act + status"),
+                               (Daemon, "_evidence", "evidence")):
+        timed(owner, name, label)
+    with tempfile.TemporaryDirectory(prefix="profile-cold-") as tmp:
+        cfg_path = Path(tmp) / "w.toml"
+        cfg_path.write_text(f'[engine]\nurl = "{url}"\n[state]\ndir = "{tmp}"\n[exporter]\nport = 0\n'
+                            "[gpu]\nenabled = false\n")
+        cfg = load(cfg_path)
+        d = Daemon(cfg, Path(tmp))
+        d._trace = TraceWriter(Path(tmp) / "trace.jsonl", cfg.state.trace_max_bytes, {"url": url})
+        d.act = Act(cfg, Path(tmp), d._act_event, d.http)
+        watcher = build_watcher(cfg, d.http, [d._count, d._write_trace])
+        for _ in range(30):  # past starting
+            d.one_pass(watcher)
+        spent.clear()
+        per_pass = []
+        for _ in range(passes):
+            time.sleep(1.0)
+            t0 = time.thread_time_ns()
+            d.one_pass(watcher)
+            per_pass.append(time.thread_time_ns() - t0)
+        d.http.close()
+    out = {"one_pass_median_us": round(statistics.median(per_pass) / 1e3)}
+    out.update({k: round(v / passes / 1e3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])})
+    return out
 
 
 def main() -> int:
@@ -138,6 +212,8 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=0)
     ap.add_argument("--cpu", type=float, default=0.0)
     ap.add_argument("--chunked", action="store_true")
+    ap.add_argument("--against", default="", help="with --cpu: another checkout's service beside this one")
+    ap.add_argument("--cold", type=int, default=0, help="passes at 1 Hz: each stage's CPU in us, cold")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     server, url = start_server(args.chunked)
@@ -146,7 +222,9 @@ def main() -> int:
             print(json.dumps({k: round(v, 3) for k, v in profile_passes(url, args.passes, args.top).items()},
                              indent=2) + "  (CPU ms per call, this process only)")
         if args.cpu:
-            print(json.dumps(service_cpu(url, args.cpu), indent=2))
+            print(json.dumps(service_cpu(url, args.cpu, args.against), indent=2))
+        if args.cold:
+            print(json.dumps(cold_stages(url, args.cold), indent=2) + "  (us of thread CPU per pass, cold)")
     finally:
         server.kill()
         server.wait(10)
