@@ -13,6 +13,7 @@ the CPU per pass by stage; ``--cpu`` measures the real service's CPU share at 1 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -22,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,8 +53,12 @@ def start_server(chunked: bool) -> tuple[subprocess.Popen[bytes], str]:
     return proc, url
 
 
-def profile_passes(url: str, passes: int, top: int) -> dict[str, float]:
+@contextlib.contextmanager
+def in_process_daemon(url: str) -> Iterator[tuple[Any, Any]]:
+    """The daemon with its act stage and trace, in this process, on a watcher already past starting."""
+    from watchdog.act.assemble import Act
     from watchdog.config.load import load
+    from watchdog.scrape.trace import TraceWriter
     from watchdog.service.daemon import Daemon
     from watchdog.service.watcher import build_watcher
 
@@ -62,13 +68,19 @@ def profile_passes(url: str, passes: int, top: int) -> dict[str, float]:
                             "[gpu]\nenabled = false\n")
         cfg = load(cfg_path)
         d = Daemon(cfg, Path(tmp))
-        from watchdog.act.assemble import Act
-        from watchdog.scrape.trace import TraceWriter
         d._trace = TraceWriter(Path(tmp) / "trace.jsonl", cfg.state.trace_max_bytes, {"url": url})
         d.act = Act(cfg, Path(tmp), d._act_event, d.http)
         watcher = build_watcher(cfg, d.http, [d._count, d._write_trace])
         for _ in range(50):  # warm up: past starting
             d.one_pass(watcher)
+        try:
+            yield d, watcher
+        finally:
+            d.http.close()
+
+
+def profile_passes(url: str, passes: int, top: int) -> dict[str, float]:
+    with in_process_daemon(url) as (d, watcher):
         stages: dict[str, Callable[[], object]] = {
             "tick (scrape+judge)": watcher.tick, "fetch only": watcher.fetcher.scrape,
             "one_pass": lambda: d.one_pass(watcher)}
@@ -89,7 +101,6 @@ def profile_passes(url: str, passes: int, top: int) -> dict[str, float]:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
         print(s.getvalue())
-        d.http.close()
         return out
 
 
@@ -154,14 +165,11 @@ def cold_stages(url: str, passes: int) -> dict[str, float]:
     import functools
     import statistics
 
-    from watchdog.act.assemble import Act
-    from watchdog.config.load import load
     from watchdog.judge.judge import Judge
     from watchdog.scrape import fetch
     from watchdog.scrape.http1 import PageClient
     from watchdog.scrape.trace import TraceWriter
     from watchdog.service.daemon import Daemon
-    from watchdog.service.watcher import build_watcher
 
     spent: dict[str, int] = {}
 
@@ -183,17 +191,7 @@ def cold_stages(url: str, passes: int) -> dict[str, float]:
                                (Daemon, "_report", "report (exporter, events)"), (Daemon, "_respond", "act + status"),
                                (Daemon, "_evidence", "evidence")):
         timed(owner, name, label)
-    with tempfile.TemporaryDirectory(prefix="profile-cold-") as tmp:
-        cfg_path = Path(tmp) / "w.toml"
-        cfg_path.write_text(f'[engine]\nurl = "{url}"\n[state]\ndir = "{tmp}"\n[exporter]\nport = 0\n'
-                            "[gpu]\nenabled = false\n")
-        cfg = load(cfg_path)
-        d = Daemon(cfg, Path(tmp))
-        d._trace = TraceWriter(Path(tmp) / "trace.jsonl", cfg.state.trace_max_bytes, {"url": url})
-        d.act = Act(cfg, Path(tmp), d._act_event, d.http)
-        watcher = build_watcher(cfg, d.http, [d._count, d._write_trace])
-        for _ in range(30):  # past starting
-            d.one_pass(watcher)
+    with in_process_daemon(url) as (d, watcher):
         spent.clear()
         per_pass = []
         for _ in range(passes):
@@ -201,7 +199,6 @@ def cold_stages(url: str, passes: int) -> dict[str, float]:
             t0 = time.thread_time_ns()
             d.one_pass(watcher)
             per_pass.append(time.thread_time_ns() - t0)
-        d.http.close()
     out = {"one_pass_median_us": round(statistics.median(per_pass) / 1e3)}
     out.update({k: round(v / passes / 1e3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])})
     return out
