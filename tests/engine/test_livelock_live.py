@@ -127,7 +127,10 @@ def test_admission_stall_is_frozen_as_an_admission_stall(injected: Injected, wat
     assert m["decision_reason"].startswith("admission stall:"), m["decision_reason"]
     assert m["capture_complete"], m["capture_failures"]
     core = engine_core(m)
-    assert core["class"] in ("engine_loop", "engine_waiting_workers"), core["class"]
+    # its loop, caught turning (engine_loop), waiting on its workers, or handing an empty step to the workers' ring
+    # while they are slow to take it (writer_blocked_full_ring: seen in one clean-clone CI run, with the decision
+    # reason naming both classes of the two captures)
+    assert core["class"] in ("engine_loop", "engine_waiting_workers", "writer_blocked_full_ring"), core["class"]
     print(f"admission stall: page running={running:g} waiting={waiting:g}; frozen {event_time(frozen) - began:.1f} s "
           f"after the request; EngineCore {core['class']}, {core['cpu_seconds_between_captures']} CPU s between "
           f"captures; {m['decision_reason']}")
