@@ -121,7 +121,10 @@ def test_admission_stall_is_frozen_as_an_admission_stall(injected: Injected, wat
     request = BackgroundRequest(server.url, server.model_name, "admit me", max_tokens=4, timeout=400)
     running, waiting = injected.wait_page(lambda r, q: r == 0 and q >= 1, "running=0, waiting>=1")
     frozen = w.wait_for_state("frozen", 240, after=began)  # the window is 300 s: only the stacks call it frozen
-    assert frozen["reason"].startswith("stacks confirm: admission stall: running=0, waiting="), frozen
+    # the stacks confirm it, at once or on a re-check of what a first capture took for a long step (a clean-clone CI
+    # run, the box saturated: the first capture said "stacks moved between captures (Worker_TP0)")
+    reason = frozen["reason"]
+    assert reason.startswith("stacks confirm") and ": admission stall: running=0, waiting=" in reason, frozen
     m = bundle_of(w, frozen)
     assert m["decision"] == "stuck" and m["stuck_kind"] == "admission_stall", (m["decision"], m["decision_reason"])
     assert m["decision_reason"].startswith("admission stall:"), m["decision_reason"]
