@@ -16,6 +16,7 @@ from tests.unit.test_evidence_bundle import (
     ENGINE,
     ENGINE_WAITING,
     MPX,
+    SHM,
     SITE,
     STDLIB,
     TP0,
@@ -46,6 +47,14 @@ ENGINE_IDLE: Frames = [("Condition.wait", f"{STDLIB}/threading.py", 355), ("Queu
 EMPTY_STEP: Frames = [("CPUModelRunner.execute_model", f"{SITE}/vllm/v1/worker/gpu_model_runner.py", 2410),
                       ("CPUWorker.execute_model", f"{SITE}/vllm/v1/worker/cpu_worker.py", 180),
                       ("WorkerProc.worker_busy_loop", MPX, 812), ("WorkerProc.worker_main", MPX, 707)]
+# The output rank (TP0: the executor asks only it to reply) handing its empty step's result back to EngineCore:
+# WorkerProc._execute_worker_rpc > handle_output > enqueue_output > MessageQueue.enqueue (vLLM 0.32,
+# multiproc_executor.py 1058/1018/1008), pickling the result, or waiting for a slot of its response ring.
+WORKER_REPLY: Frames = [("MessageQueue.enqueue", SHM, 925), ("WorkerProc.enqueue_output", MPX, 1008),
+                        ("WorkerProc.handle_output", MPX, 1018), ("WorkerProc._execute_worker_rpc", MPX, 1058),
+                        ("WorkerProc.worker_busy_loop", MPX, 1041), ("WorkerProc.worker_main", MPX, 944)]
+WORKER_REPLY_SLOT: Frames = [("MessageQueue.acquire_write", SHM, 740),
+                             ("_GeneratorContextManager.__enter__", f"{STDLIB}/contextlib.py", 137), *WORKER_REPLY]
 STALL = PageWork(running=0, waiting=3)  # the report's page
 
 
@@ -80,6 +89,27 @@ def test_a_livelock_whose_steps_reach_the_workers_empty_is_still_a_livelock() ->
     assert by_pid(f)[TP0.pid].last_cls is Cls.MODEL_FORWARD  # seen there once: an empty step passing through
     # without the page's word that nothing runs, a rank seen in execute_model is taken for a long step (as before)
     assert assess(cap, work_pending=True, page=None).decision is Decision.WORKING
+
+
+def test_an_admission_stall_whose_output_rank_hands_back_empty_steps_is_still_an_admission_stall() -> None:
+    """Seen live on vLLM 0.32 (CPU, TP=2, a clean CI run): with running=0, waiting=1 on the page, the stacks said
+    "stacks moved between captures (Worker_TP0)" and held the engine `working` for 2 minutes. TP0 is the output rank:
+    after each empty step it writes the reply into its response ring (writer_blocked_full_ring), then reads the next
+    step (its reader) or runs the next empty execute_model. That is the empty step's handoff, not work."""
+    for first, last in ((WORKER_IDLE, WORKER_REPLY), (WORKER_REPLY_SLOT, WORKER_IDLE), (EMPTY_STEP, WORKER_REPLY),
+                        (WORKER_REPLY, EMPTY_STEP)):
+        cap = capture(rnd(ENGINE_WAITING, 5.0, tp0=first), rnd(SCHEDULING, 7.0, tp0=last))
+        f = assess(cap, work_pending=True, page=STALL)
+        assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
+        assert Cls.WRITER_BLOCKED_FULL_RING in {by_pid(f)[TP0.pid].explanation.cls, by_pid(f)[TP0.pid].last_cls}
+        assert "moved only in its loop: EngineCore, Worker_TP0" in f.reason, f.reason
+    # EngineCore caught broadcasting an empty step at one capture, a worker in the empty execute_model: the same stall
+    f = assess(capture(rnd(WRITER, 5.0), rnd(UPDATING, 7.0, tp0=EMPTY_STEP)), work_pending=True, page=STALL)
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
+    # a rank in the model at both captures is still a step, whatever the page says
+    cap = capture(rnd(ENGINE_WAITING, 5.0, tp0=WORKER_REPLY, tp1=WORKER_FORWARD),
+                  rnd(ENGINE_WAITING, 5.1, tp0=WORKER_IDLE, tp1=WORKER_FORWARD))
+    assert assess(cap, work_pending=True, page=STALL).decision is Decision.WORKING
 
 
 def test_movement_in_the_model_forward_is_still_a_long_step() -> None:

@@ -30,6 +30,10 @@ _WAITING = {Cls.IDLE_READER_WAIT, Cls.ENGINE_IDLE, Cls.ENGINE_WAITING_WORKERS, C
             Cls.STOPPED}
 # Where EngineCore may pass while it schedules nothing: moving only through these is its loop turning, not work.
 _LOOP = {Cls.ENGINE_LOOP, Cls.ENGINE_WAITING_WORKERS, Cls.ENGINE_IDLE, Cls.IDLE_READER_WAIT}
+# Where a rank may pass in the empty steps of an admission stall (running=0): an execute_model that returns at once,
+# and the ring writer handing the step out (EngineCore) or its empty result back (the output rank: vLLM 0.32's
+# WorkerProc.enqueue_output > MessageQueue.enqueue / acquire_write). None of it is work while nothing runs.
+_EMPTY_STEP = _WORKING | {Cls.UNKNOWN, Cls.WRITER_BLOCKED_FULL_RING}
 # CPU seconds per second of gap above which a looping EngineCore is burning CPU, not sleeping. Measured on the real
 # CPU vLLM 0.32 (tests/data/livelock): a livelock's EngineCore 0.29 (its two workers spinning beside it on 2 shared
 # cores), an admission stall's 0.23; a parked EngineCore (stopped, or in poll) about 0.
@@ -217,7 +221,7 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
         assert cls is not None
         return Decision.WORKING, f"{e.name} is {cls.value}: a long step, not a freeze", None
     engine_loop = _LOOP | ({Cls.WRITER_BLOCKED_FULL_RING} if _ring_turns(procs) else set())
-    loop = engine_loop | (_WORKING | {Cls.UNKNOWN} if stall else set())
+    loop = engine_loop | (_EMPTY_STEP if stall else set())
     movers = [f for f in procs if f.moved and f.explanation is not None]
     if real := [f for f in movers if not _classes(f) <= loop]:
         names = ", ".join(f.explanation.name for f in real if f.explanation)
