@@ -11,6 +11,7 @@ import re
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PAGE = ROOT / "tests" / "data" / "metrics" / "vllm-0.32.0-tp2-under-load.txt"
@@ -41,7 +42,11 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def do_GET(self) -> None:
-        if self.path.startswith("/metrics"):
+        if self.path.startswith("/metrics/?"):  # prometheus_client's app, as vLLM mounts it: honours name[]
+            self.server.n += 1
+            names = set(parse_qs(urlsplit(self.path).query).get("name[]", []))
+            self._send(self.server.page(names), PROM)
+        elif self.path.startswith("/metrics"):  # the instrumentator's route: the whole page, whatever the query
             self.server.n += 1
             self._send(self.server.page(), PROM)
         elif self.path.startswith("/v1/models"):
@@ -63,11 +68,24 @@ class PageServer(ThreadingHTTPServer):
         self.text = page.read_text()
         self.chunked = chunked
         self.n = 0
+        self.filtered: dict[frozenset[str], str] = {}
 
-    def page(self) -> bytes:
-        # generation tokens advance every request: an engine under load making progress
+    def page(self, names: set[str] | None = None) -> bytes:
+        """The page, or with ``names`` only those samples with their HELP and TYPE (what prometheus_client's
+        restricted registry answers). Generation tokens advance every request: an engine under load progressing."""
+        text = self.text if names is None else self._only(names)
         return re.sub(r"(vllm:generation_tokens_total\{[^}]*\} )([0-9.e+]+)",
-                      lambda m: f"{m.group(1)}{float(m.group(2)) + self.n:.1f}", self.text).encode()
+                      lambda m: f"{m.group(1)}{float(m.group(2)) + self.n:.1f}", text).encode()
+
+    def _only(self, names: set[str]) -> str:
+        kept = self.filtered.get(frozenset(names))
+        if kept is None:
+            families = {n.removesuffix(s) for n in names for s in ("_total", "_count", "")}
+            kept = "".join(line + "\n" for line in self.text.splitlines()
+                           if (line.split()[2] in families if line.startswith("# ") and len(line.split()) > 2
+                               else re.split(r"[{ ]", line, maxsplit=1)[0] in names))
+            self.filtered[frozenset(names)] = kept
+        return kept
 
 
 def main() -> None:

@@ -72,7 +72,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         m = self.server.model
-        if self.path == "/metrics":
+        if self.path == "/metrics" or self.path.startswith("/metrics/?"):  # its page holds only read samples
             with m.lock:
                 self._send(200, m.page())
         elif self.path == "/v1/models":

@@ -7,7 +7,7 @@ use it freely (``tests/unit/test_layout.py`` holds that rule).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -99,6 +99,13 @@ class State(StrEnum):
 
 
 CALM = frozenset({State.IDLE, State.WORKING})  # the states with nothing to act on and nothing to look closer at
+
+
+def calm(verdicts: Iterable[Verdict]) -> bool:
+    """Every engine idle or working, and at least one seen: nothing to act on, look closer at or hurry for. Who also
+    holds an incident or a recovery adds that to it (the responder, the service's trace and status)."""
+    states = [v.state for v in verdicts]
+    return bool(states) and all(s in CALM for s in states)
 
 
 # -- observations: what the judge is fed, each stamped with the judge's clock ---------------------------

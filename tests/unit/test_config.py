@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from watchdog.config.load import Config, ConfigError, Secret, load
-from watchdog.judge.judge import Thresholds
+from watchdog.judge.track import Thresholds
 from watchdog.types import HttpLimits
 
 SECRET = "sk-very-secret-0123456789"

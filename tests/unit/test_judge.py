@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from watchdog.judge.judge import SERVER, Judge, Thresholds, worst
+from watchdog.judge.judge import SERVER, Judge, worst
+from watchdog.judge.track import Thresholds
 from watchdog.types import (
     Decision,
     EngineReading,

@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "watchdog"
 PURE = (
     "watchdog.types",
     "watchdog.judge.judge",
+    "watchdog.judge.track",
     "watchdog.scrape.page",
     "watchdog.evidence.model",
     "watchdog.evidence.roles",
@@ -89,8 +90,8 @@ def test_every_stage_is_a_subpackage_and_modules_stay_small() -> None:
     stages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     assert {"scrape", "judge", "evidence", "act", "service", "config"} <= stages
     big = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-           if (n := len(p.read_text().splitlines())) > 400}
-    assert not big, f"modules over 400 lines (split them by responsibility): {big}"
+           if (n := len(p.read_text().splitlines())) > 350}
+    assert not big, f"modules over 350 lines (split them by responsibility): {big}"
 
 
 def test_one_role_vocabulary() -> None:

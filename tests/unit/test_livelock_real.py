@@ -10,7 +10,7 @@ import pytest
 from tests.unit.livelock_data import DATA, load
 from watchdog.evidence.explain import Cls
 from watchdog.evidence.findings import StuckKind, assess
-from watchdog.judge.judge import Thresholds
+from watchdog.judge.track import Thresholds
 from watchdog.scrape.trace import read_trace, replay
 from watchdog.types import Decision, State
 

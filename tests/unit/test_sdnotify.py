@@ -289,7 +289,8 @@ def test_the_loop_wakes_up_to_ping_between_long_passes(tmp_path: Path,
 
 
 class HeldServer:
-    """Answers the first request at once (an empty 200), then holds the next connection open until released."""
+    """Answers the first pass at once (the filtered page, then the whole one it is checked against: a small reading,
+    one connection each), then holds the next connection open until released."""
 
     def __init__(self) -> None:
         self.sock = socket.socket()
@@ -302,12 +303,13 @@ class HeldServer:
 
     def _serve(self) -> None:
         with contextlib.suppress(OSError):
-            conn, _ = self.sock.accept()
-            with conn:
-                conn.recv(65536)
-                page = b'vllm:num_requests_running{engine="0"} 0\n'  # a reading: no second GET for the whole page
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
-                             b"Connection: close\r\n\r\n%s" % (len(page), page))
+            for _ in range(2):
+                conn, _ = self.sock.accept()
+                with conn:
+                    conn.recv(65536)
+                    page = b'vllm:num_requests_running{engine="0"} 0\n'
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                                 b"Connection: close\r\n\r\n%s" % (len(page), page))
             held, _ = self.sock.accept()
             with held:
                 self.holding.set()

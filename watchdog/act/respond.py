@@ -32,7 +32,7 @@ from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
 from watchdog.act.restart import RestartOutcome
 from watchdog.act.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
 from watchdog.config.load import Config
-from watchdog.types import CALM, State, Verdict, base_url, incident_id
+from watchdog.types import State, Verdict, base_url, calm, incident_id
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,8 @@ class Responder:
 
     def step(self, verdicts: list[Verdict], mono: float) -> None:
         now = self.wall()
-        calm = (self.memory.incident is None and self.recovery.progress is None
-                and all(v.state in CALM for v in verdicts))
-        if not calm or mono - self._control_read_at >= CONTROL_CALM_EVERY or mono < self._control_read_at:
+        quiet = self.memory.incident is None and self.recovery.progress is None and calm(verdicts)
+        if not quiet or mono - self._control_read_at >= CONTROL_CALM_EVERY or mono < self._control_read_at:
             self._read_control()  # before anything is acted on: every pass unless all is calm
             self._control_read_at = mono
         self._verdicts, self._mono = {v.engine: v for v in verdicts}, mono

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from watchdog.judge.track import ProbeTrack, Thresholds, Track
 from watchdog.types import (
     DOWN_KINDS,
     NO_ANSWER,
@@ -41,62 +42,11 @@ from watchdog.types import (
 SERVER = "server"  # the pseudo-engine that carries verdicts before any engine has been seen
 
 
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    suspect_after: float = 5.0
-    stall_window: float = 40.0
-    probe_interval: float = 30.0  # 0 disables probes
-    probe_retry: float = 5.0  # while starting, how often to try to prove the engine serves
-    recheck_max: float = 240.0  # a long step the stacks explained is checked again after 5, 10, 20 ... s, at most this
-    kv_epsilon: float = 1e-12
-
-
-@dataclass(slots=True)
-class _Track:
-    engine: str
-    model: str = ""
-    counters: dict[str, float] | None = None
-    kv: float | None = None
-    running: float = 0.0
-    waiting: float = 0.0
-    last_progress: float | None = None
-    pending_since: float | None = None
-    confirmed: StackEvidence | None = None
-    explained: StackEvidence | None = None  # the stacks showed this stall to be a long step
-    checks: int = 0  # stack checks that explained this stall
-    next_check: float | None = None  # when to look at the stacks of an explained stall again
-    undecided: str = ""  # why the stacks could not decide during this stall
-    ready: bool = False
-    incarnation: int = 1
-    verdict: Verdict | None = None
-
-    def forget_incarnation(self) -> None:
-        """The engine went away: what comes back is a new incarnation that must prove itself again."""
-        if self.counters is not None or self.ready:
-            self.incarnation += 1
-        self.counters, self.kv, self.ready = None, None, False
-        self.last_progress = self.pending_since = None
-        self.forget_stacks()
-        self.running = self.waiting = 0.0
-
-    def forget_stacks(self) -> None:
-        self.confirmed = self.explained = None
-        self.checks, self.next_check, self.undecided = 0, None, ""
-
-
-@dataclass(slots=True)
-class _Probe:
-    in_flight: ProbeStarted | None = None
-    last_started: float | None = None
-    stuck_since: float | None = None  # a probe got no answer and nothing has served since
-    last_error: str = ""
-
-
 @dataclass
 class Judge:
     thresholds: Thresholds = field(default_factory=Thresholds)
-    tracks: dict[str, _Track] = field(default_factory=dict)
-    probe: _Probe = field(default_factory=_Probe)
+    tracks: dict[str, Track] = field(default_factory=dict)
+    probe: ProbeTrack = field(default_factory=ProbeTrack)
     server_answered: bool = False
     last_scrape_ok: bool = False
     last_answer_wall: float = 0.0
@@ -165,7 +115,7 @@ class Judge:
                 tr.forget_incarnation()
                 out += self._set(tr, s.t, State.DOWN, "the engine's series vanished from the page")
         for name, reading in engines.items():
-            tr = self.tracks.setdefault(name, _Track(engine=name))
+            tr = self.tracks.setdefault(name, Track(engine=name))
             out += self._judge_engine(tr, reading, s)
         return out
 
@@ -197,7 +147,7 @@ class Judge:
         what = ", ".join(p.titles) if p.titles else "no engine process yet"
         return f"but vLLM server pid {p.pid} is running ({what}): starting up"
 
-    def _judge_engine(self, tr: _Track, r: EngineReading, s: Scrape) -> list[Transition]:
+    def _judge_engine(self, tr: Track, r: EngineReading, s: Scrape) -> list[Transition]:
         t, th = s.t, self.thresholds
         tr.model = r.model or tr.model
         if r.running is None or r.waiting is None:
@@ -259,7 +209,7 @@ class Judge:
             return self._set(tr, t, State.STARTING, why)
         return self._set(tr, t, State.IDLE, "no work pending")
 
-    def _progress(self, tr: _Track, r: EngineReading) -> tuple[list[str], bool]:
+    def _progress(self, tr: Track, r: EngineReading) -> tuple[list[str], bool]:
         """Names of what moved since the last page, and whether the counters went backwards."""
         if tr.counters is None:
             return [], False
@@ -321,7 +271,7 @@ class Judge:
         return self._set(tr, e.t, State.WORKING, self._long_step(tr, e.t, v.stalled_for, work), v.stalled_for,
                          stacks_only=True)
 
-    def _long_step(self, tr: _Track, t: float, stalled: float, work: str) -> str:
+    def _long_step(self, tr: Track, t: float, stalled: float, work: str) -> str:
         assert tr.explained is not None
         nxt = f"; next look in {max(0.0, tr.next_check - t):.0f}s" if tr.next_check is not None else ""
         return (f"a long step: nothing moved on the page for {stalled:.0f}s ({work}) but the stacks show work: "
@@ -331,13 +281,13 @@ class Judge:
 
     def _set_all(self, t: float, state: State, reason: str) -> list[Transition]:
         if not self.tracks:
-            self.tracks[SERVER] = _Track(engine=SERVER)
+            self.tracks[SERVER] = Track(engine=SERVER)
         out: list[Transition] = []
         for tr in self.tracks.values():
             out += self._set(tr, t, state, reason)
         return out
 
-    def _set(self, tr: _Track, t: float, state: State, reason: str, stalled: float = 0.0,
+    def _set(self, tr: Track, t: float, state: State, reason: str, stalled: float = 0.0,
              stacks_only: bool = False) -> list[Transition]:
         old = tr.verdict
         since = old.since if old is not None and old.state == state else t

@@ -99,7 +99,7 @@ class EngineHTTP:
         except requests.exceptions.RequestException as e:
             raise HttpFailure("unreachable", f"request to {url} failed: {short(str(e))}") from None
         with resp:
-            what = "the page" if path == "/metrics" else url
+            what = "the page" if path.startswith("/metrics") else url
             deadline = lim.deadline if read_timeout is None else max(lim.deadline, read_timeout)
             data = self._read_body(resp, what, started, deadline, lim.max_bytes if max_bytes is None else max_bytes)
             return Reply(resp.status_code, resp.headers.get("Content-Type", ""), data)

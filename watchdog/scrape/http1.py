@@ -21,16 +21,12 @@ import time
 from urllib.parse import urljoin, urlsplit
 
 from watchdog.scrape.engine_http import LOST, HttpFailure, Reply, short
+from watchdog.scrape.http1_body import BodyReader, Broken, Stale, recv, send
 from watchdog.types import NO_ANSWER, HttpLimits
 
-_RECV = 65536
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEADER = re.compile(r"\r\n([^:\r\n]*):([^\r\n]*)")  # each header line after the status line: name, value
 _MAX_HEAD = 65536  # status line and headers; more is not an HTTP server we want to read
-
-
-class _Broken(Exception):
-    """The body's framing broke: the connection closed early or the framing is malformed."""
 
 
 class _Head:
@@ -54,7 +50,6 @@ class PageClient:
         self._sock: socket.socket | None = None
         self._sock_origin: tuple[str, int] | None = None
         self._buf = b""  # bytes read past the last response (none from a well-behaved server)
-        self._got = 0  # body bytes of the current response so far, for the messages
         self._requests: dict[tuple[str, str], bytes] = {}  # (url, accept) -> the request's bytes, built once
         self._timeout: float | None = None  # the socket's SO_RCVTIMEO/SO_SNDTIMEO as last set
 
@@ -65,7 +60,7 @@ class PageClient:
         url = self.base + path
         read, connect = lim.read_timeout, min(lim.connect_timeout, lim.read_timeout)
         started = time.monotonic()
-        what = "the page" if path == "/metrics" else url
+        what = "the page" if path.startswith("/metrics") else url
         origin = self._origin
         for hop in range(lim.max_redirects + 1):
             head, sock = self._exchange(origin, url, accept, connect, read, started)
@@ -141,9 +136,9 @@ class PageClient:
         while True:
             try:
                 self._kernel_timeout(sock, read)
-                _send(sock, request)
+                send(sock, request)
                 return self._head(sock, url, read, started), sock
-            except _Stale:
+            except Stale:
                 if not reused:
                     self.close()
                     raise HttpFailure(LOST, f"{url}: the connection closed after {time.monotonic() - started:.1f}s "
@@ -182,7 +177,7 @@ class PageClient:
             if len(buf) > _MAX_HEAD:
                 raise HttpFailure("unreachable", f"{url}: no end of the HTTP headers within {_MAX_HEAD} bytes")
             try:
-                chunk = _recv(sock)
+                chunk = recv(sock)
             except (ConnectionResetError, BrokenPipeError):
                 chunk = b""
             except OSError as e:
@@ -196,7 +191,7 @@ class PageClient:
                 if buf:
                     raise HttpFailure(LOST, f"{url}: the connection closed after {time.monotonic() - started:.1f}s "
                                       "inside the HTTP headers")
-                raise _Stale
+                raise Stale
             buf += chunk
 
     @staticmethod
@@ -228,32 +223,29 @@ class PageClient:
             return b""
         te = head.headers.get("transfer-encoding", "").lower()
         length_text = head.headers.get("content-length")
-        self._got = 0
+        reader = BodyReader(sock, self._buf, what, started, deadline, cap, status)
+        self._buf = b""
         try:
             if "chunked" in te:
-                return self._chunked(sock, what, started, deadline, cap, status)
-            if length_text is not None:
+                body = reader.chunked()
+            elif length_text is not None:
                 try:
                     length = int(length_text)
                     if length < 0:
                         raise ValueError(length_text)
                 except ValueError:
-                    raise _Broken(f"bad Content-Length {short(length_text, 40)!r}") from None
-                return self._exact(sock, length, what, started, deadline, cap, status)
-            head.keep_alive = False  # no framing: the body ends when the server closes
-            chunks = self._take_buf()
-            size = sum(len(c) for c in chunks)
-            self._check(size, cap, what, started, deadline, status)
-            while chunk := _recv(sock):
-                chunks.append(chunk)
-                size += len(chunk)
-                self._check(size, cap, what, started, deadline, status)
-            return b"".join(chunks)
+                    raise Broken(f"bad Content-Length {short(length_text, 40)!r}") from None
+                body = reader.exact(length)
+            else:
+                head.keep_alive = False  # no framing: the body ends when the server closes
+                body = reader.to_close()
+            self._buf = reader.buf
+            return body
         except TimeoutError:
             self.close()
-            raise HttpFailure(NO_ANSWER, f"reading {what} failed after {self._got} bytes: "
+            raise HttpFailure(NO_ANSWER, f"reading {what} failed after {reader.got} bytes: "
                               f"read timed out ({self.limits.read_timeout:g}s)") from None
-        except _Broken as e:
+        except Broken as e:
             self.close()
             raise HttpFailure("truncated", f"reading {what} failed: {short(str(e))}") from None
         except HttpFailure:
@@ -263,112 +255,4 @@ class PageClient:
             self.close()
             raise HttpFailure("truncated", f"reading {what} failed: {short(str(e))}") from None
 
-    def _take_buf(self) -> list[bytes]:
-        buf, self._buf = self._buf, b""
-        return [buf] if buf else []
 
-    def _check(self, size: int, cap: int, what: str, started: float, deadline: float, status: int) -> None:
-        self._got = size
-        if size > cap:
-            raise HttpFailure("too_big", f"{what} is larger than the {cap} byte cap; stopped reading", status)
-        if time.monotonic() - started > deadline:
-            raise HttpFailure("trickle", f"{what} not complete after {deadline:g}s ({size} bytes so far): "
-                              "the server is sending too slowly", status)
-
-    def _exact(self, sock: socket.socket, length: int, what: str, started: float, deadline: float, cap: int,
-               status: int) -> bytes:
-        # declared too big: read up to the cap, as the streaming reader would, then drop the connection
-        length_to_read = cap + 1 if length > cap else length
-        if len(self._buf) >= length_to_read and length <= cap:  # the whole body came with the head: no copy
-            body, self._buf = self._buf[:length], self._buf[length:]
-            self._check(length, cap, what, started, deadline, status)
-            return body
-        out = bytearray(length_to_read)
-        view = memoryview(out)
-        got = min(len(self._buf), length_to_read)
-        view[:got] = self._buf[:got]
-        self._buf = self._buf[got:]
-        self._check(got, cap, what, started, deadline, status)
-        while got < length_to_read:
-            try:
-                n = sock.recv_into(view[got:], min(_RECV, length_to_read - got))
-            except BlockingIOError:
-                raise TimeoutError from None
-            if n == 0:
-                raise _Broken(f"Connection broken: IncompleteRead({got} bytes read, {length - got} more expected)")
-            got += n
-            self._check(got, cap, what, started, deadline, status)
-        return bytes(out)
-
-    def _chunked(self, sock: socket.socket, what: str, started: float, deadline: float, cap: int,
-                 status: int) -> bytes:
-        buf = self._buf
-        self._buf = b""
-        chunks: list[bytes] = []
-        size = 0
-
-        def fill(need_at_least: int) -> None:
-            nonlocal buf
-            while len(buf) < need_at_least:
-                more = _recv(sock)
-                if not more:
-                    raise _Broken(f"Connection broken: IncompleteRead({size} bytes read)")
-                buf += more
-                if time.monotonic() - started > deadline:
-                    raise HttpFailure("trickle", f"{what} not complete after {deadline:g}s ({size + len(buf)} bytes "
-                                      "so far): the server is sending too slowly", status)
-
-        while True:
-            while (eol := buf.find(b"\r\n")) < 0:
-                if len(buf) > 1024:
-                    raise _Broken("Connection broken: InvalidChunkLength (no end of the chunk size line)")
-                fill(len(buf) + 1)
-            size_text = buf[:eol].split(b";", 1)[0].strip()
-            try:
-                n = int(size_text, 16)
-                if n < 0:
-                    raise ValueError
-            except ValueError:
-                raise _Broken(f"Connection broken: InvalidChunkLength(got length b{size_text[:20]!r}), "
-                              f"IncompleteRead({size} bytes read)") from None
-            buf = buf[eol + 2:]
-            if n == 0:
-                # trailers, then the empty line
-                while True:
-                    while (eol := buf.find(b"\r\n")) < 0:
-                        fill(len(buf) + 1)
-                    line, buf = buf[:eol], buf[eol + 2:]
-                    if not line:
-                        self._buf = buf
-                        return b"".join(chunks)
-            if size + n > cap:
-                raise HttpFailure("too_big", f"{what} is larger than the {cap} byte cap; stopped reading", status)
-            fill(n + 2)
-            chunks.append(buf[:n])
-            if buf[n:n + 2] != b"\r\n":
-                raise _Broken("Connection broken: chunk not followed by CRLF")
-            buf = buf[n + 2:]
-            size += n
-            self._check(size, cap, what, started, deadline, status)
-
-
-def _recv(sock: socket.socket) -> bytes:
-    """A receive on the blocking socket; the kernel's timeout (EAGAIN) is a TimeoutError as on a Python timeout."""
-    try:
-        return sock.recv(_RECV)
-    except BlockingIOError:
-        raise TimeoutError from None
-
-
-def _send(sock: socket.socket, data: bytes) -> None:
-    """A send on the blocking socket; a connection the server closed while it idled is stale (retried once)."""
-    try:
-        sock.sendall(data)
-    except BlockingIOError:
-        raise TimeoutError from None
-    except (BrokenPipeError, ConnectionResetError):
-        raise _Stale from None
-
-
-class _Stale(Exception):
-    """The connection closed before a byte of the answer."""

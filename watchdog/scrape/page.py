@@ -49,6 +49,9 @@ _WANTED: Mapping[str, tuple[str, str]] = {
     **{name: ("counter", (_LEGACY_PREFIX if name in LEGACY else "") + f) for name, f in COUNTERS.items()},
 }
 
+# The sample names read, for a server that can answer with only these (prometheus_client's ``name[]`` filter).
+WANTED_SAMPLES: tuple[str, ...] = tuple(sorted(_WANTED))
+
 # A wanted series' line: its name after a newline, followed by labels or white space. Every wanted name starts
 # with "vllm:", so the pattern starts with the literal "\nvllm:" and re skips to each occurrence at C speed (a
 # `^` in MULTILINE mode is tried at every character: 8x slower on a 53 KB page, measured). The page is searched

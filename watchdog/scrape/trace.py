@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from watchdog.judge.judge import Judge, Thresholds
+from watchdog.judge.judge import Judge
+from watchdog.judge.track import Thresholds
 from watchdog.types import (
     Decision,
     EngineReading,
@@ -144,34 +145,44 @@ class TraceWriter:
         self._header = {"kind": "header", "version": TRACE_VERSION, **(header or {})}
         self._fd = -1
         self._size = 0
-        self._held: list[bytes] = []
+        self._held: list[dict[str, Any] | tuple[Observation, float | None]] = []  # records, observations
         self._held_since = 0.0
 
     def write(self, obs: Observation, wall: float | None = None, hold: bool = False) -> None:
         """Append one observation. An OSError (disk full) drops the open handle and is raised: the next write
-        opens the file again."""
-        self.write_record(to_record(obs, wall), hold)
+        opens the file again. A held observation is encoded when it goes out, with the others held."""
+        if hold:
+            self._hold((obs, wall))
+        else:
+            self.write_record(to_record(obs, wall))
 
     def write_record(self, record: dict[str, Any], hold: bool = False) -> None:
         """Append one record; a kind the judge does not read (``gpu``) is kept for people and skipped by replay."""
-        line = (_ENCODE(record) + "\n").encode("utf-8")
         if hold:
-            now = time.monotonic()
-            if not self._held:
-                self._held_since = now
-            self._held.append(line)
-            if now - self._held_since < self.hold_seconds:
-                return
-            line = b""
-        if self._held:
-            line, self._held = b"".join(self._held) + line, []
-        self._write(line)
+            self._hold(record)
+        else:
+            self._write(self._held_bytes() + (_ENCODE(record) + "\n").encode("utf-8"))
 
     def flush(self) -> None:
         """Write what is held now (a transition, an incident, the end)."""
         if self._held:
-            data, self._held = b"".join(self._held), []
-            self._write(data)
+            self._write(self._held_bytes())
+
+    def _hold(self, item: dict[str, Any] | tuple[Observation, float | None]) -> None:
+        now = time.monotonic()
+        if not self._held:
+            self._held_since = now
+        self._held.append(item)
+        if now - self._held_since >= self.hold_seconds:
+            self.flush()
+
+    def _held_bytes(self) -> bytes:
+        """What is held, encoded in order (one batch: warm code, one write), and no longer held."""
+        if not self._held:
+            return b""
+        held, self._held = self._held, []
+        return "".join(_ENCODE(item if isinstance(item, dict) else to_record(*item)) + "\n"
+                       for item in held).encode("utf-8")
 
     def _write(self, data: bytes) -> None:
         try:

@@ -20,9 +20,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from watchdog.act.assemble import Act
-from watchdog.act.state import iso, save_status, touch_status
+from watchdog.act.state import iso
 from watchdog.config.load import Config
 from watchdog.evidence.coordinator import EvidenceCoordinator
 from watchdog.evidence.deadline_read import read_deadlines
@@ -35,13 +36,12 @@ from watchdog.scrape.trace import TraceWriter
 from watchdog.service.events import EventLog, log_transition, transition_record
 from watchdog.service.exporter import Exporter
 from watchdog.service.sdnotify import Notifier
+from watchdog.service.status_file import StatusFile
 from watchdog.service.watcher import ObservationSink, Watcher, build_watcher
-from watchdog.types import CALM, Observation, ProbeFinished, Scrape, State, Transition, Verdict, base_url, incident_id
+from watchdog.types import Observation, ProbeFinished, Scrape, State, Transition, Verdict, base_url, calm, incident_id
 
 log = logging.getLogger(__name__)
 
-STATUS_EVERY = 5.0  # seconds between rewrites of an unchanged status.json in trouble, and between its touches
-STATUS_CALM_EVERY = 30.0  # seconds between rewrites of an unchanged status.json while every engine is idle or working
 DEADLINES_EVERY = 300.0  # seconds between re-reads of the engine's timeouts (a restarted engine may have new ones)
 
 
@@ -70,8 +70,9 @@ class Daemon:
         self.evidence: EvidenceCoordinator | None = None
         self.act: Act | None = None
         self.nodes: NodeWatch | None = None  # [[nodes]]: every other node's ranks, for the verdicts
-        self._status_seen: object = None
-        self._status_written = self._status_touched = 0.0
+        self.status_file = StatusFile(state_dir, {"stack": cfg.engine.name, "url": self.url,
+                                                  "interval": cfg.scrape.interval},
+                                      self.exporter.write_errors.labels("status.json").inc)
         self._faults_alerted: set[str] = set()
         self._started = time.time()
         self._deadlines: dict[str, object] | None = None
@@ -151,14 +152,14 @@ class Daemon:
 
     def one_pass(self, watcher: Watcher) -> None:
         transitions = self._guard("scrape", watcher.tick) or []
-        self._guard("report", lambda: self._report(watcher, transitions))
-        self._guard("act", lambda: self._respond(watcher))
-        self._guard("evidence", lambda: self._evidence(watcher, transitions))
+        self._guard("report", self._report, watcher, transitions)
+        self._guard("act", self._respond, watcher)
+        self._guard("evidence", self._evidence, watcher, transitions)
         self._guard("gpu", self._gpu_samples)
 
-    def _guard(self, stage: str, fn: Callable[[], list[Transition] | None]) -> list[Transition] | None:
+    def _guard(self, stage: str, fn: Callable[..., list[Transition] | None], *args: Any) -> list[Transition] | None:
         try:
-            return fn()
+            return fn(*args)
         except Exception as e:  # one stage's bug must not stop the watch
             self.exporter.pass_errors.labels(stage).inc()
             log.exception("the %s stage of this pass failed; the watch goes on", stage)
@@ -194,15 +195,14 @@ class Daemon:
         verdicts = watcher.judge.verdicts()
         self.exporter.observe_transitions(transitions)
         self.exporter.set_verdicts(verdicts, watcher.clock())
-        calm = (not transitions and bool(verdicts) and all(v.state in CALM for v in verdicts)
-                and (self.act is None or not self.act.incident_open))
-        if not calm and self._trace is not None:
+        quiet = not transitions and calm(verdicts) and (self.act is None or not self.act.incident_open)
+        if not quiet and self._trace is not None:
             try:
                 self._trace.flush()  # what led here is on disk before anything is done about it
             except OSError as e:
                 self.exporter.write_errors.labels("trace.jsonl").inc()
                 self._fault("trace", f"cannot write trace.jsonl: {e.strerror or e}")
-        self._calm = calm
+        self._calm = quiet
         for tr in transitions:
             log_transition(self.cfg.engine.name, tr)
             self._event(transition_record(self.cfg.engine.name, self.url, tr, watcher.wall_of(tr.t)))
@@ -281,36 +281,7 @@ class Daemon:
         now = time.monotonic()
         if now - self._deadlines_read >= DEADLINES_EVERY:
             self._read_deadlines()
-        # rewritten when something an operator would see changed, and every few seconds while an engine is in trouble
-        # (its reason counts seconds); while all are idle or working, every half minute (their reasons hold counts),
-        # its mtime moving every few seconds meanwhile. The reader counts durations from the wall times written.
-        seen = (tuple((v.engine, v.state, v.since) for v in verdicts), repr(status["incident"]), status["paused"],
-                status["budget_left"], status["recovery"] and status["recovery"]["phase"],
-                self._deadlines and self._deadlines.get("warning"))
-        calm = all(v.state in CALM for v in verdicts)
-        if seen == self._status_seen and now - self._status_written < (STATUS_CALM_EVERY if calm else STATUS_EVERY):
-            if now - self._status_touched >= STATUS_EVERY:
-                self._status_touched = now
-                try:
-                    touch_status(self.state_dir)
-                except OSError as e:
-                    self._status_seen = ()  # rewrite it whole on the next pass
-                    log.warning("cannot touch %s/status.json: %s", self.state_dir, e.strerror)
-            return
-        self._status_seen, self._status_written, self._status_touched = seen, now, now
-        wall, mono = time.time(), watcher.clock()
-        status.update({"pid": os.getpid(), "time": wall, "stack": self.cfg.engine.name, "url": self.url,
-                       "interval": self.cfg.scrape.interval,
-                       "engines": [{"engine": v.engine, "state": v.state.value, "reason": v.reason,
-                                    "for_seconds": round(mono - v.since, 1), "since": wall - (mono - v.since)}
-                                   for v in verdicts],
-                       "deadlines": self._deadlines})
-        try:
-            save_status(self.state_dir, status)
-        except OSError as e:
-            self._status_seen = ()  # try it whole again on the next pass
-            self.exporter.write_errors.labels("status.json").inc()
-            log.warning("cannot write %s/status.json: %s", self.state_dir, e.strerror)
+        self.status_file.update(verdicts, status, self._deadlines, now, watcher.clock(), time.time())
 
     def _read_deadlines(self) -> None:
         """The engine's own timeouts against our confirmation time: warned at start and when the warning changes."""
