@@ -20,6 +20,8 @@ from tests.harness.load import BackgroundRequest, LoadGenerator, long_prompt
 from tests.harness.metrics import sample_sums
 from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
+from watchdog.scrape.fetch import MetricsFetcher
+from watchdog.scrape.page import read_page
 
 pytestmark = pytest.mark.engine
 
@@ -37,6 +39,24 @@ def page_value(server: VllmServer, name: str) -> float:
     sums = sample_sums(server.metrics(), (name,))
     assert name in sums, f"{name} not on the page"
     return sums[name]
+
+
+def test_the_scrape_reads_the_filtered_page_and_it_reads_as_the_whole_page(shared_vllm: VllmServer) -> None:
+    """vLLM 0.32 answers /metrics/?name[]=... from prometheus_client's app: the scrape keeps the filter after
+    checking it against the whole page, and both read the same series."""
+    fetcher = MetricsFetcher(shared_vllm.url)
+    try:
+        first = fetcher.scrape()
+        assert first.page is not None and first.page.engines, first.error
+        assert fetcher.filtering, "the filter was found wanting on the real vLLM"
+        whole = read_page(shared_vllm.metrics())
+        assert first.size < len(shared_vllm.metrics().encode()) / 5
+        assert {(n, e.running is not None, e.waiting is not None, e.kv_usage is not None, tuple(sorted(e.counters)))
+                for n, e in first.page.engines.items()} == \
+               {(n, e.running is not None, e.waiting is not None, e.kv_usage is not None, tuple(sorted(e.counters)))
+                for n, e in whole.engines.items()}
+    finally:
+        fetcher.http.close()
 
 
 def test_steady_load_is_never_frozen(shared_vllm: VllmServer, watch: Watch) -> None:
