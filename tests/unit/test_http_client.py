@@ -9,7 +9,9 @@ test_scrape_bad_input.py, which runs through this client (MetricsFetcher uses it
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from watchdog.scrape.engine_http import EngineHTTP
+from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 from watchdog.scrape.fetch import MetricsFetcher
 from watchdog.scrape.http1 import PageClient
 from watchdog.types import HttpLimits
@@ -177,3 +179,74 @@ def test_auth_header_is_sent(server: Server) -> None:
     finally:
         Handler.do_GET = original  # type: ignore[method-assign]
     assert seen and set(seen) == {"Bearer sekrit"}  # the filtered GET, then the whole page (this one has no engine)
+
+
+class Scripted:
+    """One kept-alive connection answered from a script, one raw answer per request (the bytes as given)."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        self.answers = answers  # None: read the request, answer nothing (until the test ends)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.done = threading.Event()
+        self.accepted = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while self.answers and not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with conn:
+                while self.answers:
+                    if not conn.recv(65536):
+                        break
+                    answer = self.answers.pop(0)
+                    if answer is None:
+                        self.done.wait(30)
+                        return
+                    conn.sendall(answer)
+
+    def close(self) -> None:
+        self.done.set()
+        self.sock.close()
+        self.thread.join(10)
+
+
+def ok(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def test_kept_alive_answers_of_every_shape_in_a_row() -> None:
+    """After the first GET the client takes a short path for a 200 whose head comes whole; every other answer on
+    the kept-alive connection (chunked, a redirect, an early hint) goes on through the general reader."""
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    redirect = b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n"
+    hint = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + ok(b"after the hint")
+    srv = Scripted([ok(b"first"), ok(b"second"), chunked, redirect, ok(b"moved"), hint, ok(b"x" * 200_000)])
+    client = PageClient(srv.url, LIMITS)
+    try:
+        assert [client.get("/metrics").body for _ in range(6)] == [
+            b"first", b"second", b"abcde", b"moved", b"after the hint", b"x" * 200_000]
+        assert srv.accepted == 1
+    finally:
+        client.close()
+        srv.close()
+
+
+def test_no_answer_on_the_kept_alive_connection_is_no_answer_once() -> None:
+    srv = Scripted([ok(b"first"), None])
+    client = PageClient(srv.url, HttpLimits(connect_timeout=1.0, read_timeout=1.0, deadline=5.0))
+    try:
+        assert client.get("/metrics").body == b"first"
+        started = time.monotonic()
+        with pytest.raises(HttpFailure) as err:
+            client.get("/metrics")
+        assert err.value.kind == "no_answer" and "sent no response within 1s" in err.value.message
+        assert time.monotonic() - started < 1.9, "the read timeout was waited out twice (a fresh connection tried)"
+    finally:
+        client.close()
+        srv.close()

@@ -105,6 +105,8 @@ def reference(text: str) -> Expected:
 
 def assert_agrees(text: str) -> PageReading:
     got = read_page(text)
+    # read again: the heads are known now (remembered from the first read); the page must read the same
+    assert read_page(text) == got, "the page read differently the second time (its heads remembered)"
     want = reference(text)
     assert set(got.engines) == set(want.engines), "read_page found other engines than prometheus_client"
     for engine, expected in want.engines.items():

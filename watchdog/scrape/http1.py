@@ -62,8 +62,12 @@ class PageClient:
         started = time.monotonic()
         what = "the page" if path.startswith("/metrics") else url
         origin = self._origin
+        first = self._quick(url, accept, what, started)
+        if isinstance(first, Reply):
+            return first
         for hop in range(lim.max_redirects + 1):
-            head, sock = self._exchange(origin, url, accept, connect, read, started)
+            head, sock = first if hop == 0 and first is not None else self._exchange(origin, url, accept, connect,
+                                                                                      read, started)
             if head.status in _REDIRECTS and "location" in head.headers:
                 self._skip_body(sock, head, what, started)
                 if hop == lim.max_redirects:
@@ -81,6 +85,52 @@ class PageClient:
                 self.close()
             return Reply(head.status, head.headers.get("content-type", ""), body)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _quick(self, url: str, accept: str, what: str, started: float) -> Reply | tuple[_Head, socket.socket] | None:
+        """The common case in few steps: the kept-alive socket, one send, a 200 whose head came whole with the first
+        receive; its body read as `_body` reads any. Another answer goes on through the general reader from what was
+        received (its head, for `get`); None when the request was not sent here or the kept-alive socket turned out
+        closed (then `get` sends it fresh, as `_exchange` would)."""
+        sock, request = self._sock, self._requests.get((url, accept))
+        if (sock is None or request is None or self._sock_origin != self._origin or self._buf
+                or self._timeout != self.limits.read_timeout):
+            return None
+        try:
+            send(sock, request)
+            data = recv(sock)
+        except TimeoutError:
+            self.close()
+            raise HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within "
+                              f"{self.limits.read_timeout:g}s") from None
+        except (Stale, ConnectionResetError, BrokenPipeError):
+            data = b""
+        except OSError as e:
+            self.close()
+            raise HttpFailure("unreachable", f"request to {url} failed: {short(str(e))}") from None
+        if not data:  # the server closed the idle connection: sent again on a fresh one
+            self.close()
+            return None
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or not data.startswith(b"HTTP/1.1 200 "):  # a redirect, an early hint, a head in pieces
+            return self._continue(sock, url, started, data)
+        head = self._parse_head(data[:end], url)
+        self._buf = data[end + 4:]
+        body = self._body(sock, head, what, started, self.limits.deadline, self.limits.max_bytes)
+        if not head.keep_alive:
+            self.close()
+        return Reply(200, head.headers.get("content-type", ""), body)
+
+    def _continue(self, sock: socket.socket, url: str, started: float, data: bytes) -> tuple[_Head, socket.socket]:
+        """The general reader, from bytes already received: the head (reading more if needed), the socket."""
+        try:
+            return self._head(sock, url, self.limits.read_timeout, started, data), sock
+        except TimeoutError:
+            self.close()
+            raise HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within "
+                              f"{self.limits.read_timeout:g}s") from None
+        except HttpFailure:
+            self.close()
+            raise
 
     def close(self) -> None:
         if self._sock is not None:
@@ -163,8 +213,7 @@ class PageClient:
         self._requests[url, accept] = request
         return request
 
-    def _head(self, sock: socket.socket, url: str, read: float, started: float) -> _Head:
-        buf = b""
+    def _head(self, sock: socket.socket, url: str, read: float, started: float, buf: bytes = b"") -> _Head:
         while True:
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
