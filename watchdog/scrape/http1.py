@@ -99,9 +99,7 @@ class PageClient:
             send(sock, request)
             data = recv(sock)
         except TimeoutError:
-            self.close()
-            raise HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within "
-                              f"{self.limits.read_timeout:g}s") from None
+            raise self._no_answer(url, self.limits.read_timeout) from None
         except (Stale, ConnectionResetError, BrokenPipeError):
             data = b""
         except OSError as e:
@@ -125,12 +123,14 @@ class PageClient:
         try:
             return self._head(sock, url, self.limits.read_timeout, started, data), sock
         except TimeoutError:
-            self.close()
-            raise HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within "
-                              f"{self.limits.read_timeout:g}s") from None
+            raise self._no_answer(url, self.limits.read_timeout) from None
         except HttpFailure:
             self.close()
             raise
+
+    def _no_answer(self, url: str, read: float) -> HttpFailure:
+        self.close()
+        return HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within {read:g}s")
 
     def close(self) -> None:
         if self._sock is not None:
@@ -196,9 +196,7 @@ class PageClient:
                 reused = False  # the server closed the idle connection as we sent: once more, fresh
                 sock = self._connect(origin, url, connect)
             except TimeoutError:
-                self.close()
-                raise HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within "
-                                  f"{read:g}s") from None
+                raise self._no_answer(url, read) from None
             except HttpFailure:
                 self.close()
                 raise
