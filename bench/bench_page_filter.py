@@ -75,6 +75,19 @@ def phase(api_pid: int, seconds: float, url: str, path: str | None) -> dict[str,
             "scrapes": len(sizes)}
 
 
+def api_server_phases(api: int, seconds: float, url: str) -> dict[str, dict[str, float]]:
+    """The API server's CPU with no scrape, the whole page, the query on /metrics, the filtered page, no scrape."""
+    res: dict[str, dict[str, float]] = {}
+    for name, path in (("no_scrape", None), ("whole_page_1hz", WHOLE), ("query_on_metrics_1hz", IGNORED),
+                       ("filtered_page_1hz", FILTERED), ("no_scrape_again", None)):
+        res[name] = phase(api, seconds, url, path)
+        print(name, res[name], flush=True)
+    base = (res["no_scrape"]["api_server_cpu_percent"] + res["no_scrape_again"]["api_server_cpu_percent"]) / 2
+    for name in ("whole_page_1hz", "query_on_metrics_1hz", "filtered_page_1hz"):
+        res[name]["cost_to_api_server_percent"] = round(res[name]["api_server_cpu_percent"] - base, 4)
+    return res
+
+
 def side_by_side(server: VllmServer, workdir: Path, seconds: float) -> dict[str, float]:
     w = WatchdogProcess(server.url, workdir / "service", "", metrics_port=free_port()).start()  # defaults: exporter on
     naive = subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
@@ -103,6 +116,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=90.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "page-filter.json"))
+    ap.add_argument("--footprint-only", action="store_true",
+                    help="only the service beside the naive watcher, under load (no API-server phases)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-filter-") as tmp:
         server = VllmServer(engine_python(), fast_model(), Path(tmp))
@@ -111,15 +126,8 @@ def main() -> int:
             server.complete("warm up", max_tokens=8)
             api = server.pid
             res: dict[str, object] = {"load_before": os.getloadavg(), "seconds": args.seconds}
-            for name, path in (("no_scrape", None), ("whole_page_1hz", WHOLE), ("query_on_metrics_1hz", IGNORED),
-                               ("filtered_page_1hz", FILTERED), ("no_scrape_again", None)):
-                res[name] = phase(api, args.seconds, server.url, path)
-                print(name, res[name], flush=True)
-            base = (res["no_scrape"]["api_server_cpu_percent"]  # type: ignore[index]
-                    + res["no_scrape_again"]["api_server_cpu_percent"]) / 2  # type: ignore[index]
-            for name in ("whole_page_1hz", "query_on_metrics_1hz", "filtered_page_1hz"):
-                res[name]["cost_to_api_server_percent"] = round(  # type: ignore[index]
-                    res[name]["api_server_cpu_percent"] - base, 4)  # type: ignore[index]
+            if not args.footprint_only:
+                res.update(api_server_phases(api, args.seconds, server.url))
             res["service_vs_naive_under_load"] = side_by_side(server, Path(tmp), args.seconds)
             print(res["service_vs_naive_under_load"], flush=True)
             res["load_after"] = os.getloadavg()

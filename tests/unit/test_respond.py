@@ -10,7 +10,7 @@ import pytest
 
 from watchdog.act.alerts import Alert
 from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
-from watchdog.act.respond import Responder
+from watchdog.act.respond import CONTROL_CALM_EVERY, Responder
 from watchdog.act.state import Control, Incident, Memory, save_control, save_memory
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import Config, load
@@ -292,7 +292,7 @@ def test_while_calm_the_switches_are_read_every_few_seconds(h: Harness) -> None:
     h.step(State.IDLE)
     save_control(h.tmp, Control(paused=True))
     seen = []
-    for _ in range(7):
+    for _ in range(int(CONTROL_CALM_EVERY) + 2):  # a pass a second
         h.step(State.IDLE)
         seen.append(h.r.status(h.clock.wall)["paused"])
-    assert seen[0] is False and seen[-1] is True and seen.index(True) <= 5
+    assert seen[0] is False and seen[-1] is True and seen.index(True) <= CONTROL_CALM_EVERY

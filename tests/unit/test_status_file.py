@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.act.state import load_status
-from watchdog.service.status_file import STATUS_CALM_EVERY, STATUS_EVERY, StatusFile
+from watchdog.service.status_file import STATUS_CALM_EVERY, STATUS_EVERY, STATUS_TOUCH_EVERY, StatusFile
 from watchdog.types import State, Verdict
 
 WALL = 1_800_000_000.0
@@ -62,11 +62,11 @@ def test_an_unchanged_status_is_touched_so_a_reader_knows_the_service_stands_by_
     assert w.at(0.0, verdict(State.IDLE))
     old = time.time() - 100  # the touch sets the real time
     os.utime(tmp_path / "status.json", (old, old))
-    assert not w.at(STATUS_EVERY - 1, verdict(State.IDLE))
+    assert not w.at(STATUS_TOUCH_EVERY - 1, verdict(State.IDLE))
     assert (tmp_path / "status.json").stat().st_mtime == old  # not yet
-    assert not w.at(STATUS_EVERY, verdict(State.IDLE))
+    assert not w.at(STATUS_TOUCH_EVERY, verdict(State.IDLE))
     assert (tmp_path / "status.json").stat().st_mtime > old
-    loaded = load_status(tmp_path, WALL + STATUS_EVERY)
+    loaded = load_status(tmp_path, WALL + STATUS_TOUCH_EVERY)
     assert loaded is not None and loaded["engines"][0]["state"] == "idle"
 
 
@@ -84,6 +84,6 @@ def test_a_failed_touch_makes_the_next_pass_rewrite(tmp_path: Path) -> None:
     w = Writes(tmp_path)
     assert w.at(0.0, verdict(State.IDLE))
     (tmp_path / "status.json").unlink()
-    assert not w.at(STATUS_EVERY, verdict(State.IDLE))  # the touch fails: nothing to touch
-    assert w.at(STATUS_EVERY + 1, verdict(State.IDLE))
+    assert not w.at(STATUS_TOUCH_EVERY, verdict(State.IDLE))  # the touch fails: nothing to touch
+    assert w.at(STATUS_TOUCH_EVERY + 1, verdict(State.IDLE))
     assert (tmp_path / "status.json").exists()
