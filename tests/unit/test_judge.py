@@ -416,3 +416,22 @@ def test_a_slow_first_generation_after_a_start_is_starting_not_a_stall() -> None
     j.observe(ProbeFinished(120, 1, ok=True, answered=True))
     j.observe(page(121, gen=1, prompt=5))
     assert states(j) == {"0": State.IDLE}
+
+
+def test_a_suspicion_the_stacks_could_not_decide_is_looked_at_again() -> None:
+    """Seen in a clean CI run: py-spy timed out on every spinning process of an admission stall (two saturated
+    cores), the capture was incomplete, and the suspicion waited for the metric window alone. The stacks are asked
+    again suspect_after later, then twice that, while the suspicion lasts; progress ends the retries."""
+    j = suspect_at()
+    assert j.observe(StackEvidence(20, "0", Decision.UNDECIDED, "incomplete capture (py-spy timed out)",
+                                   captured_at=19)) == []
+    due = [t for t in range(21, 36) if j.observe(page(t, running=1, gen=30)) == [] and j.wants_stacks(t)]
+    assert due == [35]  # 15 s (suspect_after) after the answer came
+    assert j.observe(StackEvidence(36, "0", Decision.UNDECIDED, "incomplete capture", captured_at=35)) == []
+    assert not j.wants_stacks(36) and not j.wants_stacks(65) and j.wants_stacks(66)  # then 30 s
+    trs = j.observe(StackEvidence(37, "0", Decision.STUCK, "admission stall: running=0, waiting=1", captured_at=36))
+    assert [tr.to_state for tr in trs] == [State.FROZEN] and trs[0].reason.startswith("stacks confirm")
+    j2 = suspect_at()
+    j2.observe(StackEvidence(20, "0", Decision.UNDECIDED, "incomplete capture", captured_at=19))
+    j2.observe(page(21, running=1, gen=31))  # progress: the suspicion is over
+    assert not any(j2.wants_stacks(t) for t in range(21, 200))

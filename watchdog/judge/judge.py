@@ -87,10 +87,12 @@ class Judge:
         return False
 
     def wants_stacks(self, t: float) -> list[str]:
-        """Engines whose explained long step is due for another look at the stacks (suspicions are asked for by
-        their transition)."""
+        """Engines due for another look at the stacks: an explained long step, or a suspicion the stacks could not
+        decide (a capture that failed on a busy box may succeed the next time). Suspicions themselves are asked for
+        by their transition."""
         return [tr.engine for tr in self.tracks.values()
-                if tr.explained is not None and tr.next_check is not None and t >= tr.next_check]
+                if tr.next_check is not None and t >= tr.next_check and tr.verdict is not None
+                and (tr.explained is not None or (tr.undecided and tr.verdict.state == State.SUSPECT))]
 
     # -- scrapes ---------------------------------------------------------------------------------------
 
@@ -263,8 +265,11 @@ class Judge:
             again = " on a re-check of a long step" if rechecking else ""
             return self._set(tr, e.t, State.FROZEN, f"stacks confirm{again}: {e.reason}", v.stalled_for)
         if e.decision == Decision.UNDECIDED:
-            tr.undecided, tr.explained, tr.next_check = e.reason, None, None
-            return []  # the metric window decides now, and its verdict says why the stacks could not
+            # the metric window decides unless a later look does; its verdict says why the stacks could not
+            tr.undecided, tr.explained, tr.retries = e.reason, None, tr.retries + 1
+            tr.next_check = e.t + min(self.thresholds.suspect_after * 2 ** (tr.retries - 1),
+                                      self.thresholds.recheck_max) if not rechecking else None
+            return []
         tr.explained, tr.checks = e, tr.checks + 1
         tr.next_check = e.t + min(self.thresholds.suspect_after * 2 ** (tr.checks - 1), self.thresholds.recheck_max)
         work = f"running={tr.running:g} waiting={tr.waiting:g}"

@@ -33,6 +33,7 @@ class Track:
     confirmed: StackEvidence | None = None
     explained: StackEvidence | None = None  # the stacks showed this stall to be a long step
     checks: int = 0  # stack checks that explained this stall
+    retries: int = 0  # stack checks that could not decide this suspicion (each looked at again, later)
     next_check: float | None = None  # when to look at the stacks of an explained stall again
     undecided: str = ""  # why the stacks could not decide during this stall
     ready: bool = False
@@ -50,7 +51,7 @@ class Track:
 
     def forget_stacks(self) -> None:
         self.confirmed = self.explained = None
-        self.checks, self.next_check, self.undecided = 0, None, ""
+        self.checks, self.retries, self.next_check, self.undecided = 0, 0, None, ""
 
 
 @dataclass(slots=True)

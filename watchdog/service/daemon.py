@@ -248,7 +248,7 @@ class Daemon:
         for tr in transitions:
             self.evidence.on_transition(tr, now, wall)
         for engine in watcher.judge.wants_stacks(now):
-            self.evidence.check(engine, "a long step: looking at the stacks again", now)
+            self.evidence.check(engine, "looking at the stacks again", now)
         for out in self.evidence.collect(now):
             self._event({"time": iso(time.time()), "stack": self.cfg.engine.name, **out.event})
             if out.observation is not None:
