@@ -87,46 +87,29 @@ class PageClient:
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def _quick(self, url: str, accept: str, what: str, started: float) -> Reply | tuple[_Head, socket.socket] | None:
-        """The common case in few steps: the kept-alive socket, one send, a 200 whose head came whole with the first
-        receive; its body read as `_body` reads any. Another answer goes on through the general reader from what was
-        received (its head, for `get`); None when the request was not sent here or the kept-alive socket turned out
-        closed (then `get` sends it fresh, as `_exchange` would)."""
-        sock, request = self._sock, self._requests.get((url, accept))
-        if (sock is None or request is None or self._sock_origin != self._origin or self._buf
-                or self._timeout != self.limits.read_timeout):
+        """The common case in few steps: the kept-alive socket, the request already built, one send, a 200 read at
+        once. Another answer's head goes back to `get`, whose loop goes on from it; None when the request was not
+        sent here or the kept-alive socket turned out closed (then `get` sends it fresh, as `_exchange` would)."""
+        sock, request, read = self._sock, self._requests.get((url, accept)), self.limits.read_timeout
+        if sock is None or request is None or self._sock_origin != self._origin or self._buf or self._timeout != read:
             return None
         try:
             send(sock, request)
-            data = recv(sock)
-        except TimeoutError:
-            raise self._no_answer(url, self.limits.read_timeout) from None
-        except (Stale, ConnectionResetError, BrokenPipeError):
-            data = b""
-        except OSError as e:
-            self.close()
-            raise HttpFailure("unreachable", f"request to {url} failed: {short(str(e))}") from None
-        if not data:  # the server closed the idle connection: sent again on a fresh one
+            head = self._head(sock, url, read, started)
+        except Stale:  # the server closed the idle connection: sent again on a fresh one
             self.close()
             return None
-        end = data.find(b"\r\n\r\n")
-        if end < 0 or not data.startswith(b"HTTP/1.1 200 "):  # a redirect, an early hint, a head in pieces
-            return self._continue(sock, url, started, data)
-        head = self._parse_head(data[:end], url)
-        self._buf = data[end + 4:]
+        except TimeoutError:
+            raise self._no_answer(url, read) from None
+        except HttpFailure:
+            self.close()
+            raise
+        if head.status != 200:
+            return head, sock
         body = self._body(sock, head, what, started, self.limits.deadline, self.limits.max_bytes)
         if not head.keep_alive:
             self.close()
         return Reply(200, head.headers.get("content-type", ""), body)
-
-    def _continue(self, sock: socket.socket, url: str, started: float, data: bytes) -> tuple[_Head, socket.socket]:
-        """The general reader, from bytes already received: the head (reading more if needed), the socket."""
-        try:
-            return self._head(sock, url, self.limits.read_timeout, started, data), sock
-        except TimeoutError:
-            raise self._no_answer(url, self.limits.read_timeout) from None
-        except HttpFailure:
-            self.close()
-            raise
 
     def _no_answer(self, url: str, read: float) -> HttpFailure:
         self.close()
