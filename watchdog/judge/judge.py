@@ -266,15 +266,21 @@ class Judge:
             return self._set(tr, e.t, State.FROZEN, f"stacks confirm{again}: {e.reason}", v.stalled_for)
         if e.decision == Decision.UNDECIDED:
             # the metric window decides unless a later look does; its verdict says why the stacks could not
-            tr.undecided, tr.explained, tr.retries = e.reason, None, tr.retries + 1
-            tr.next_check = e.t + min(self.thresholds.suspect_after * 2 ** (tr.retries - 1),
-                                      self.thresholds.recheck_max) if not rechecking else None
+            tr.undecided, tr.explained, tr.next_check = e.reason, None, None
+            if not rechecking:
+                tr.retries += 1
+                tr.next_check = self._next_look(e.t, tr.retries)
             return []
         tr.explained, tr.checks = e, tr.checks + 1
-        tr.next_check = e.t + min(self.thresholds.suspect_after * 2 ** (tr.checks - 1), self.thresholds.recheck_max)
+        tr.next_check = self._next_look(e.t, tr.checks)
         work = f"running={tr.running:g} waiting={tr.waiting:g}"
         return self._set(tr, e.t, State.WORKING, self._long_step(tr, e.t, v.stalled_for, work), v.stalled_for,
                          stacks_only=True)
+
+    def _next_look(self, t: float, looks: int) -> float:
+        """When to look at the stacks again after ``looks`` looks: suspect_after, then twice that, ... at most
+        recheck_max."""
+        return t + min(self.thresholds.suspect_after * 2.0 ** (looks - 1), self.thresholds.recheck_max)
 
     def _long_step(self, tr: Track, t: float, stalled: float, work: str) -> str:
         assert tr.explained is not None

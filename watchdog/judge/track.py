@@ -34,7 +34,7 @@ class Track:
     explained: StackEvidence | None = None  # the stacks showed this stall to be a long step
     checks: int = 0  # stack checks that explained this stall
     retries: int = 0  # stack checks that could not decide this suspicion (each looked at again, later)
-    next_check: float | None = None  # when to look at the stacks of an explained stall again
+    next_check: float | None = None  # when to look at the stacks again (an explained stall, an undecided suspicion)
     undecided: str = ""  # why the stacks could not decide during this stall
     ready: bool = False
     incarnation: int = 1

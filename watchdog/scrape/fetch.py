@@ -52,7 +52,6 @@ class MetricsFetcher:
         limits: HttpLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        filtered: bool = True,
     ) -> None:
         self.http = http if isinstance(http, EngineHTTP) else EngineHTTP(http, limits)
         self.url = self.http.base + WHOLE
@@ -63,14 +62,13 @@ class MetricsFetcher:
             self.http.close_with(self._page.close)
         self._clock = clock
         self._wall = wall
-        self._filter = filtered  # False: never ask for the filtered page
         self._filter_from = float("-inf")  # when a filter found wanting may be tried again
         self._checked_at: float | None = None  # when the filtered page last matched the whole one
 
     @property
     def filtering(self) -> bool:
         """Whether the next scrape asks for only the read samples."""
-        return self._filter and self._clock() >= self._filter_from
+        return self._clock() >= self._filter_from
 
     def scrape(self) -> Scrape:
         t, wall = self._clock(), self._wall()

@@ -145,34 +145,32 @@ class TraceWriter:
         self._header = {"kind": "header", "version": TRACE_VERSION, **(header or {})}
         self._fd = -1
         self._size = 0
-        self._held: list[dict[str, Any] | tuple[Observation, float | None]] = []  # records, observations
+        self._held: list[tuple[Observation, float | None]] = []  # calm scrapes, encoded when they go out
         self._held_since = 0.0
 
     def write(self, obs: Observation, wall: float | None = None, hold: bool = False) -> None:
         """Append one observation. An OSError (disk full) drops the open handle and is raised: the next write
         opens the file again. A held observation is encoded when it goes out, with the others held."""
         if hold:
-            self._hold((obs, wall))
+            self._hold(obs, wall)
         else:
             self.write_record(to_record(obs, wall))
 
-    def write_record(self, record: dict[str, Any], hold: bool = False) -> None:
-        """Append one record; a kind the judge does not read (``gpu``) is kept for people and skipped by replay."""
-        if hold:
-            self._hold(record)
-        else:
-            self._write(self._held_bytes() + (_ENCODE(record) + "\n").encode("utf-8"))
+    def write_record(self, record: dict[str, Any]) -> None:
+        """Append one record, after what is held; a kind the judge does not read (``gpu``) is kept for people and
+        skipped by replay."""
+        self._write(self._held_bytes() + (_ENCODE(record) + "\n").encode("utf-8"))
 
     def flush(self) -> None:
         """Write what is held now (a transition, an incident, the end)."""
         if self._held:
             self._write(self._held_bytes())
 
-    def _hold(self, item: dict[str, Any] | tuple[Observation, float | None]) -> None:
+    def _hold(self, obs: Observation, wall: float | None) -> None:
         now = time.monotonic()
         if not self._held:
             self._held_since = now
-        self._held.append(item)
+        self._held.append((obs, wall))
         if now - self._held_since >= self.hold_seconds:
             self.flush()
 
@@ -181,8 +179,7 @@ class TraceWriter:
         if not self._held:
             return b""
         held, self._held = self._held, []
-        return "".join(_ENCODE(item if isinstance(item, dict) else to_record(*item)) + "\n"
-                       for item in held).encode("utf-8")
+        return "".join(_ENCODE(to_record(obs, wall)) + "\n" for obs, wall in held).encode("utf-8")
 
     def _write(self, data: bytes) -> None:
         try:
