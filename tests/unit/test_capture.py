@@ -30,6 +30,7 @@ from watchdog.evidence.findings import assess
 from watchdog.evidence.model import EngineProcess, Failure
 from watchdog.evidence.roles import Role
 from watchdog.evidence.stacks import parse_pyspy_json
+from watchdog.nodes.protocol import dump_from_json, dump_to_json
 from watchdog.types import Decision
 
 PYSPY = "/opt/fake/py-spy"
@@ -417,3 +418,35 @@ def test_real_pyspy_refused_by_the_kernel_is_named_with_its_fix() -> None:
     assert f.decision is Decision.UNDECIDED
     assert f.reason.startswith("incomplete capture (VLLM::EngineCore, VLLM::Worker_TP0: ptrace was denied")
     assert f.reason.count("ptrace was denied") == 1
+
+
+def test_quiet_pause_cpu_is_measured_between_rounds_with_no_pyspy_attached(sleeper: subprocess.Popen[bytes]) -> None:
+    """A real spinning process and a real sleeper: each later round carries what the process used in the pause just
+    before it (no dump in flight: the pool is joined first), over the pause's own length; the first round none."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        procs = [EngineProcess(burner.pid, Role.ENGINE_CORE, "VLLM::EngineCore"),
+                 EngineProcess(sleeper.pid, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})]
+        in_flight: list[int] = []
+
+        def answer(argv: list[str], n: int) -> tuple[int, str, str]:
+            in_flight.append(1)
+            time.sleep(0.3)  # a slow dump: it must not count in the pause
+            in_flight.pop()
+            return ok_answer(argv, n)
+
+        def pause(seconds: float) -> None:
+            assert not in_flight and seconds == 0.8
+            time.sleep(seconds)
+
+        c = Capturer(PYSPY, runner=FakeRunner(answer)).capture(procs, rounds=3, gap=0.8, sleep=pause)
+    finally:
+        _end(burner)
+    assert all(d.quiet is None for d in c.rounds[0].values())
+    for later in c.rounds[1:]:
+        burn, sleep = later[burner.pid].quiet, later[sleeper.pid].quiet
+        assert burn is not None and sleep is not None
+        assert 0.8 <= burn[1] < 5 and 0.8 <= sleep[1] < 5  # the pause itself, not the dumps around it
+        assert burn[0] > 0.05 and sleep[0] < 0.05  # the spinner spun; the sleeper slept
+    got = dump_from_json(json.loads(json.dumps(dump_to_json(c.rounds[1][burner.pid]))), burner.pid, 0.0)
+    assert got == c.rounds[1][burner.pid]  # it crosses the wire from another node's agent unchanged

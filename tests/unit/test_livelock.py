@@ -9,6 +9,8 @@ the KV pool pinned, /health 200).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.unit.test_evidence_bundle import (
     API,
     API_FRAMES,
@@ -30,6 +32,7 @@ from tests.unit.test_evidence_bundle import (
 )
 from watchdog.evidence.explain import Cls
 from watchdog.evidence.findings import PageWork, StuckKind, assess
+from watchdog.evidence.model import Capture
 from watchdog.types import Decision
 
 SCHED = f"{SITE}/vllm/v1/core/sched/scheduler.py"
@@ -190,4 +193,41 @@ def test_a_writer_on_a_full_ring_with_a_reader_that_stopped_reading_is_parked() 
     stopped = {**rnd(WRITER, 7.5, worker_cpu=22.0), TP1.pid: (WORKER_IDLE, "T", 22.0)}
     first = {**rnd(WRITER, 5.0, worker_cpu=20.0), TP1.pid: (WORKER_IDLE, "T", 20.0)}
     f = assess(capture(first, stopped), work_pending=True, page=PageWork(running=2, waiting=0))
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED, f.reason
+
+
+def _spread(cap: Capture, seconds: float, quiet: dict[int, tuple[float, float]] | None) -> Capture:
+    """The last round taken ``seconds`` after the first, each process's quiet pause set (None: not measured)."""
+    last = {pid: replace(d, t=d.t - 3.0 + seconds, quiet=(quiet or {}).get(pid)) for pid, d in cap.rounds[-1].items()}
+    return replace(cap, rounds=(*cap.rounds[:-1], last))
+
+
+def test_a_livelock_seen_waiting_on_its_replies_is_judged_by_the_cpu_of_the_quiet_pause() -> None:
+    """Seen in a clean CI run (vLLM 0.32, CPU, TP=2, the injected livelock, running=2 on the page): EngineCore waited
+    on its workers' replies at both captures, the workers spun in their readers, and py-spy's dumps of the spinning
+    engine stretched the rounds ~20 s apart. EngineCore is suspended while dumped, so over that span it used 1.8 CPU
+    s and fell under the 0.1 core/s of a burning loop: "every rank parked". The pause between the rounds, when no
+    py-spy holds anyone, gives the true rate; and an EngineCore that burns waiting on replies while every worker burns
+    in its reader is the whole engine turning empty steps (each step restarts the readers' one-second spin)."""
+    page = PageWork(running=2, waiting=0)
+    cap = capture(rnd(ENGINE_WAITING, 5.0), rnd(ENGINE_WAITING, 6.8, worker_cpu=23.0))
+    stretched = _spread(cap, 20.0, None)
+    f = assess(stretched, work_pending=True, page=page)  # the span alone: 1.8 CPU s in 20 s, under the burn
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED, f.reason
+    quiet = {ENGINE.pid: (0.62, 3.0), TP0.pid: (1.5, 3.0), TP1.pid: (1.4, 3.0), API.pid: (0.0, 3.0)}
+    f = assess(_spread(cap, 20.0, quiet), work_pending=True, page=page)
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
+    assert f.reason.startswith("livelock: EngineCore turns its own loop (engine_waiting_workers) on 0.62 CPU s in 3 s")
+    assert by_pid(f)[ENGINE.pid].burn == (0.62, 3.0) and by_pid(f)[ENGINE.pid].gap == 20.0
+    # a pause too short to read a rate by (clock ticks are 10 ms): the whole span decides, as before
+    short = {pid: (q[0] / 10, 0.3) for pid, q in quiet.items()}
+    assert assess(_spread(cap, 20.0, short), True, page).stuck_kind is StuckKind.PARKED
+
+
+def test_an_enginecore_waiting_on_parked_workers_is_parked_even_while_it_spins() -> None:
+    """The poll-parking signature with EngineCore still spinning in its reply wait: the workers burn nothing in the
+    quiet pause (parked in their poll), so no step comes and goes: parked ranks, not a livelock."""
+    cap = capture(rnd(ENGINE_WAITING, 5.0), rnd(ENGINE_WAITING, 7.0))
+    quiet = {ENGINE.pid: (2.0, 3.0), TP0.pid: (0.0, 3.0), TP1.pid: (0.01, 3.0), API.pid: (0.0, 3.0)}
+    f = assess(_spread(cap, 3.0, quiet), work_pending=True, page=PageWork(running=2, waiting=0))
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED, f.reason

@@ -59,6 +59,7 @@ def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
         "class": e.cls.value if e else None, "thread": e.thread if e else None, "why": e.why if e else f.error,
         "frames": _frames(e.frames) if e else [], "spec_decode": e.spec_decode if e else False,
         "moved": f.moved, "cpu_seconds_between_captures": f.cpu_seconds,
+        "cpu_in_quiet_pauses": list(f.quiet) if f.quiet else None,  # [CPU s, s] with no py-spy attached
         "wchan": dumps[0].facts.wchan if dumps and dumps[0].facts else None,
         "threads": dumps[0].facts.threads if dumps and dumps[0].facts else None,
         "nonblocking": any(d.nonblocking for d in dumps), "error": f.error or None,

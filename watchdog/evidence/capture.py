@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -64,6 +65,15 @@ def find_pyspy(configured: str = "") -> str | None:
     if beside.exists():
         return str(beside)
     return shutil.which("py-spy")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU (user + system, every thread) the process has used, or None when it is gone or unreadable."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return t.user + t.system
 
 
 def proc_facts(pid: int) -> ProcFacts | None:
@@ -164,6 +174,17 @@ class Capturer:
     def dump_serial(self, pids: Sequence[int]) -> dict[int, Dump]:
         return {pid: self.dump_one(pid) for pid in pids}
 
+    def _quiet_cpu(self, pids: Sequence[int], gap: float,
+                   sleep: Callable[[float], None]) -> dict[int, tuple[float, float]]:
+        """Sleep ``gap`` and return what each process used meanwhile, no py-spy attached: (CPU seconds, seconds)."""
+        before = {pid: cpu_seconds(pid) for pid in pids}
+        t0 = self.clock()
+        sleep(gap)
+        after = {pid: cpu_seconds(pid) for pid in pids}
+        span = self.clock() - t0
+        return {pid: (round(a - b, 3), round(span, 3)) for pid in pids
+                if (b := before[pid]) is not None and (a := after[pid]) is not None}
+
     def capture(self, processes: Sequence[EngineProcess], rounds: int = 2, gap: float = 3.0,
                 sleep: Callable[[float], None] = time.sleep, native_pids: frozenset[int] = frozenset()) -> Capture:
         """Every process, ``rounds`` times, ``gap`` apart; then one --native dump of each of ``native_pids`` (processes
@@ -172,9 +193,11 @@ class Capturer:
         pids = [p.pid for p in processes]
         taken: list[dict[int, Dump]] = []
         for i in range(rounds):
-            if i:
-                sleep(gap)
-            taken.append(self.dump_all(pids))
+            if not i:
+                taken.append(self.dump_all(pids))
+                continue
+            quiet = self._quiet_cpu(pids, gap, sleep)
+            taken.append({pid: replace(d, quiet=quiet.get(pid)) for pid, d in self.dump_all(pids).items()})
         problems = sorted({d.error for r in taken for d in r.values() if d.failure is not None or not d.ok})
         if not processes:
             problems.append("no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)")

@@ -38,6 +38,8 @@ _EMPTY_STEP = _WORKING | {Cls.UNKNOWN, Cls.WRITER_BLOCKED_FULL_RING}
 # CPU vLLM 0.32 (tests/data/livelock): a livelock's EngineCore 0.29 (its two workers spinning beside it on 2 shared
 # cores), an admission stall's 0.23; a parked EngineCore (stopped, or in poll) about 0.
 _BURN = 0.1
+# The shortest pause between rounds whose CPU is trusted as the rate (a clock tick is 10 ms); shorter: the whole span.
+_QUIET_MIN = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,17 @@ class ProcessFinding:
     last_cls: Cls | None = None  # the class at the last capture (None: not two good captures)
     gap: float | None = None  # seconds between its first and last dump
     native: ProcessExplanation | None = None  # its --native dump explained (a process holding a GPU), if taken
+    quiet: tuple[float, float] | None = None  # (CPU s, s) in the pauses between rounds, no py-spy attached
+
+    @property
+    def burn(self) -> tuple[float, float] | None:
+        """(CPU s, s) to judge its CPU rate by: the quiet pauses when long enough (a blocking dump suspends the
+        process, and slow dumps stretch the rounds apart), else the whole span between its first and last dump."""
+        if self.quiet is not None and self.quiet[1] >= _QUIET_MIN:
+            return self.quiet
+        if self.cpu_seconds is not None and self.gap:
+            return self.cpu_seconds, self.gap
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +112,14 @@ def _stack(dump: Dump, proc: EngineProcess) -> ProcessStack | None:
                                 title=proc.title if proc.node == "local" else proc.label)
     except (ValueError, StackParseError):
         return None
+
+
+def _quiet(later: list[Dump]) -> tuple[float, float] | None:
+    """The quiet pauses before the later rounds, summed; None unless every one of them was measured."""
+    spans = [d.quiet for d in later]
+    if not spans or any(q is None for q in spans):
+        return None
+    return round(sum(q[0] for q in spans if q), 3), round(sum(q[1] for q in spans if q), 3)
 
 
 def _frames_key(frames: tuple[Frame, ...]) -> tuple[tuple[str, str, int | None], ...]:
@@ -130,6 +151,7 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
         cpu: float | None = None
         last_cls: Cls | None = None
         gap: float | None = None
+        quiet = _quiet(dumps[1:])
         if len(stacks) >= 2 and (last_stack := stacks[-1]) is not None:
             last_cls = classify(last_stack, proc.role, dumps[-1].facts.state if dumps[-1].facts else None).cls
             moved = _frames_key(_thread_frames(stacks[0], expl.thread)) != _frames_key(
@@ -146,7 +168,7 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
         native = capture.native.get(proc.pid)
         native_stack = _stack(native, proc) if native is not None else None
         found.append(ProcessFinding(proc, expl, moved, cpu, state, error, last_cls, gap,
-                                    classify(native_stack, proc.role, state) if native_stack else None))
+                                    classify(native_stack, proc.role, state) if native_stack else None, quiet))
     expls = [f.explanation for f in found if f.explanation is not None]
     moved_by_name = {f.explanation.name: bool(f.moved) for f in found if f.explanation is not None}
     engine_procs = [f for f in found if f.process.role in ENGINE_ROLES]
@@ -186,24 +208,25 @@ def _in_work(f: ProcessFinding, stall: bool) -> bool:
 
 
 def _burns(f: ProcessFinding) -> bool:
-    return f.cpu_seconds is not None and bool(f.gap) and f.cpu_seconds >= _BURN * (f.gap or 0.0)
+    return (b := f.burn) is not None and b[0] >= _BURN * b[1]
 
 
 def _ring_turns(procs: list[ProcessFinding]) -> bool:
-    """Every worker spins in its reader, burning CPU, not stopped: a writer blocked on the full broadcast ring is
-    then EngineCore's loop outrunning them with empty steps (vLLM 0.32 on CPU, seen live), not a reader that stopped
-    reading (that reader would be stopped, parked at no CPU, or elsewhere than its reader)."""
+    """Every worker spins in its reader, burning CPU, not stopped: the readers' busy spin (vLLM's SpinCondition) lasts
+    about a second after each step, so they burn only while steps keep coming; a reader that stopped reading, or a
+    worker stopped or parked in its poll, burns nothing. With EngineCore burning too, the whole engine turns empty
+    steps: a writer blocked on the full ring outruns its readers, a wait on the replies is the next empty step's."""
     workers = [f for f in procs if f.process.role == Role.WORKER]
     return bool(workers) and all(_burns(w) and _classes(w) and _classes(w) <= _LOOP and w.state not in ("T", "t", "Z")
                                  for w in workers)
 
 
-def _burning(procs: list[ProcessFinding], stall: bool, loop: set[Cls]) -> ProcessFinding | None:
+def _burning(procs: list[ProcessFinding], stall: bool, loop: set[Cls], ring: bool) -> ProcessFinding | None:
     """An EngineCore turning its loop (never leaving it at either capture) on at least ``_BURN`` of a core."""
     for f in procs:
         if f.process.role != Role.ENGINE_CORE or not _burns(f) or not _classes(f) <= loop:
             continue
-        if Cls.ENGINE_LOOP in _classes(f) or f.moved or stall or Cls.WRITER_BLOCKED_FULL_RING in _classes(f):
+        if Cls.ENGINE_LOOP in _classes(f) or f.moved or stall or (ring and Cls.ENGINE_IDLE not in _classes(f)):
             return f
     return None
 
@@ -220,7 +243,8 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
         cls = e.cls if e.cls in _WORKING else working[0].last_cls
         assert cls is not None
         return Decision.WORKING, f"{e.name} is {cls.value}: a long step, not a freeze", None
-    engine_loop = _LOOP | ({Cls.WRITER_BLOCKED_FULL_RING} if _ring_turns(procs) else set())
+    ring = _ring_turns(procs)
+    engine_loop = _LOOP | ({Cls.WRITER_BLOCKED_FULL_RING} if ring else set())
     loop = engine_loop | (_EMPTY_STEP if stall else set())
     movers = [f for f in procs if f.moved and f.explanation is not None]
     if real := [f for f in movers if not _classes(f) <= loop]:
@@ -235,9 +259,10 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
         return Decision.UNDECIDED, "a single capture cannot tell parked from passing through", None
     names = ", ".join(f.explanation.name for f in movers if f.explanation)
     turned = f" (moved only in its loop: {names})" if movers else ""
-    burn = _burning(procs, stall, engine_loop)
+    burn = _burning(procs, stall, engine_loop, ring)
+    rate = burn.burn if burn else None
     turning = (f"{burn.explanation.name} turns its own loop ({', '.join(sorted(c.value for c in _classes(burn)))}) "
-               f"on {burn.cpu_seconds:g} CPU s in {burn.gap:g} s" if burn and burn.explanation else "")
+               f"on {rate[0]:g} CPU s in {rate[1]:g} s" if burn and burn.explanation and rate else "")
     if stall:  # the page says why the loop turns empty (vLLM 0.32 steps empty batches, burning CPU): the finer word
         return Decision.STUCK, (f"admission stall: {page} and nothing moves toward running them; no rank is in "
                                 f"the model{'; ' + turning if turning else ''}{turned}"), StuckKind.ADMISSION_STALL

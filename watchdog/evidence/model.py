@@ -63,6 +63,9 @@ class Dump:
     facts: ProcFacts | None = None
     seconds: float = 0.0
     failure: Failure | None = None  # set when not ok, and on an ok dump that lost its native frames
+    # (CPU seconds, seconds) the process used in the pause just before this round, while no py-spy held it: its
+    # true rate (a blocking dump suspends it, and slow dumps of other processes stretch the rounds apart)
+    quiet: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,8 @@ def dump_to_json(d: Dump) -> dict[str, Any]:
     facts = None if d.facts is None else {"state": d.facts.state, "wchan": d.facts.wchan,
                                           "cpu_seconds": d.facts.cpu_seconds, "threads": d.facts.threads}
     return {"pid": d.pid, "t": d.t, "ok": d.ok, "output": d.output, "error": d.error, "nonblocking": d.nonblocking,
-            "facts": facts, "seconds": d.seconds, "failure": d.failure.value if d.failure else None}
+            "facts": facts, "seconds": d.seconds, "failure": d.failure.value if d.failure else None,
+            "quiet": list(d.quiet) if d.quiet else None}
 
 
 def dump_from_json(d: dict[str, Any], pid: int, t_offset: float) -> Dump:
@@ -150,9 +151,11 @@ def dump_from_json(d: dict[str, Any], pid: int, t_offset: float) -> Dump:
         f = d.get("facts")
         facts = None if f is None else ProcFacts(str(f["state"]), str(f["wchan"]), float(f["cpu_seconds"]),
                                                  int(f["threads"]))
+        q = d.get("quiet")
         return Dump(pid, float(d["t"]) + t_offset, bool(d["ok"]), str(d["output"]), str(d.get("error", "")),
                     bool(d.get("nonblocking")), facts, float(d.get("seconds", 0.0)),
-                    Failure(d["failure"]) if d.get("failure") else None)
+                    Failure(d["failure"]) if d.get("failure") else None,
+                    None if q is None else (float(q[0]), float(q[1])))
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"bad dump in the agent's answer: {e}") from None
 
