@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -144,6 +145,26 @@ def test_webhook_without_secret_is_unsigned(receiver, dispatcher) -> None:
     assert d.wait_idle(10)
     [(_p, headers, _b)] = hook.received
     assert "X-Watchdog-Signature" not in headers and "X-Watchdog-Timestamp" not in headers
+
+
+def test_an_idle_sink_thread_sleeps_until_an_alert_comes(receiver, dispatcher) -> None:
+    """No polling: with a webhook configured, the sink's thread is not run at all while nothing is sent (the kernel's
+    count of the times it ran, /proc/self/task/TID/schedstat), wakes for an alert, and ends on close."""
+    hook = receiver()
+    d = dispatcher([WebhookSink(hook.url, name="hook")], RetryPolicy.instant())
+    [worker] = [t for t in threading.enumerate() if t.name == "alerts-hook"]
+    stat = Path(f"/proc/self/task/{worker.native_id}/schedstat")
+
+    def runs() -> int:
+        return int(stat.read_text().split()[2])
+
+    time.sleep(0.3)  # into its wait
+    before = runs()
+    time.sleep(1.5)  # the old worker polled its queue every 0.2 s: 7 runs here
+    assert runs() == before
+    d.submit(alert())
+    assert d.wait_idle(10) and len(hook.received) == 1
+    assert d.close(timeout=2) is True and not worker.is_alive()
 
 
 def test_alertmanager_alertname_follows_the_incident_kind() -> None:

@@ -8,6 +8,7 @@ itself and the receivers' formats are in `watchdog.act.alert_sinks`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -85,21 +86,22 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class _Worker:
+    """One sink's thread: it sleeps in the queue until an alert comes, or None to stop (no polling: a watchdog with a
+    webhook configured must not wake up five times a second for nothing)."""
+
     def __init__(self, sink: Sink, retry: RetryPolicy, queue_size: int, abort: threading.Event) -> None:
         self.sink, self.retry, self.abort = sink, retry, abort
-        self.queue: queue.Queue[Alert] = queue.Queue(queue_size)
-        self.closing = threading.Event()
+        self.queue: queue.Queue[Alert | None] = queue.Queue(queue_size)
         self.thread = threading.Thread(target=self._run, name=f"alerts-{sink.name}", daemon=True)
         self.thread.start()
 
+    def stop(self, timeout: float) -> None:
+        """Wake the thread to end, after what is queued (dropped unless delivered in time: see abort)."""
+        with contextlib.suppress(queue.Full):
+            self.queue.put(None, timeout=max(0.0, timeout))  # full only while aborting: it drains at once
+
     def _run(self) -> None:
-        while True:
-            try:
-                alert = self.queue.get(timeout=0.2)
-            except queue.Empty:
-                if self.closing.is_set():
-                    return
-                continue
+        while (alert := self.queue.get()) is not None:
             try:
                 if self.abort.is_set():
                     log.warning("alert sink %s: closing, dropped %s for incident %s", self.sink.name, alert.event,
@@ -108,6 +110,7 @@ class _Worker:
                     self._deliver(alert)
             finally:
                 self.queue.task_done()
+        self.queue.task_done()
 
     def _sleep(self, seconds: float) -> None:
         self.abort.wait(seconds)  # close() cuts a backoff short
@@ -197,9 +200,9 @@ class Dispatcher:
         drained = self.wait_idle(timeout)
         if not drained:
             self._abort.set()
-        for w in self._workers:
-            w.closing.set()
         deadline = time.monotonic() + 1.0
+        for w in self._workers:
+            w.stop(deadline - time.monotonic())
         for w in self._workers:
             w.thread.join(max(0.0, deadline - time.monotonic()))
         return drained and not any(w.thread.is_alive() for w in self._workers)
