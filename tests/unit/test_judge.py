@@ -435,3 +435,29 @@ def test_a_suspicion_the_stacks_could_not_decide_is_looked_at_again() -> None:
     j2.observe(StackEvidence(20, "0", Decision.UNDECIDED, "incomplete capture", captured_at=19))
     j2.observe(page(21, running=1, gen=31))  # progress: the suspicion is over
     assert not any(j2.wants_stacks(t) for t in range(21, 200))
+
+
+def test_a_frozen_engine_whose_page_turns_unreadable_stays_frozen() -> None:
+    """Seen in a clean CI run (vLLM 0.32 on CPU, an admission stall): the stacks confirmed the freeze, then the
+    stalled engine starved its own API server and the next page trickled in for 10 s. `blind` there ended the freeze
+    before the pass that would open its incident: no alert, no restart for as long as the page stayed unreadable,
+    and the bundle's id was lost. Nothing on an unreadable page shows progress: the freeze stands, and says why."""
+    j = ready_judge()
+    for t in range(2, 50):
+        j.observe(page(t, running=2, gen=20))
+    assert states(j) == {"0": State.FROZEN}
+    since = j.verdicts()[0].since
+    for t in (50, 51):
+        assert j.observe(failed(t, "trickle", "the page not complete after 10s")) == []
+    v = j.verdicts()[0]
+    assert v.state == State.FROZEN and v.since == since
+    assert v.reason.endswith("; the page cannot be read now (trickle): nothing shows progress"), v.reason
+    assert v.reason.count("cannot be read now") == 1
+    assert j.observe(failed(52, "refused", "nothing listening"))[0].to_state == State.DOWN  # gone is still down
+    j = ready_judge()
+    for t in range(2, 50):
+        j.observe(page(t, running=2, gen=20))
+    j.observe(failed(50, "trickle"))
+    trs = j.observe(page(51, running=2, gen=25))  # progress on a readable page: the freeze ends
+    assert [(t.from_state, t.to_state) for t in trs] == [(State.FROZEN, State.WORKING)]
+    assert "cannot be read" not in j.verdicts()[0].reason

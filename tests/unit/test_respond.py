@@ -296,3 +296,20 @@ def test_while_calm_the_switches_are_read_every_few_seconds(h: Harness) -> None:
         h.step(State.IDLE)
         seen.append(h.r.status(h.clock.wall)["paused"])
     assert seen[0] is False and seen[-1] is True and seen.index(True) <= CONTROL_CALM_EVERY
+
+
+def test_a_freeze_id_reserved_for_its_bundle_outlives_a_blind_pass(h: Harness) -> None:
+    """The stacks confirm a freeze within a pass and its bundle takes the id the incident will open with; a pass that
+    cannot read the page (blind) says nothing about the freeze being over, so the id stays; progress ends it."""
+    h.step(State.SUSPECT)
+    reserved = h.r.id_for("0", h.clock.wall)
+    h.step(State.BLIND)
+    assert h.r.id_for("0", h.clock.wall) == reserved
+    h.step(State.FROZEN)
+    assert h.events[-1]["event"] == "incident_opened" and h.events[-1]["incident"] == reserved
+    (h.tmp / "other").mkdir()
+    other = Harness(h.tmp / "other", config())
+    other.step(State.SUSPECT)
+    first = other.r.id_for("0", other.clock.wall)
+    other.step(State.WORKING)  # the freeze is over: a later one gets its own id
+    assert other.r.id_for("0", other.clock.wall + 5) != first

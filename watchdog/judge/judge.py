@@ -42,6 +42,9 @@ from watchdog.types import (
 SERVER = "server"  # the pseudo-engine that carries verdicts before any engine has been seen
 
 
+_UNREADABLE = "; the page cannot be read now ("
+
+
 @dataclass
 class Judge:
     thresholds: Thresholds = field(default_factory=Thresholds)
@@ -135,7 +138,20 @@ class Judge:
             return self._set_all(s.t, State.STARTING, f"{s.error}: still loading?")
         if s.error_kind == NO_ANSWER:
             return self._set_all(s.t, State.DOWN, f"the API server stopped answering: {s.error}")
-        return self._set_all(s.t, State.BLIND, f"cannot read the page ({s.error_kind}): {s.error}")
+        if not self.tracks:
+            return self._set_all(s.t, State.BLIND, f"cannot read the page ({s.error_kind}): {s.error}")
+        out: list[Transition] = []
+        for tr in self.tracks.values():
+            v = tr.verdict
+            if v is not None and v.state == State.FROZEN:
+                # a confirmed freeze stays one: an unreadable page shows no progress (seen live: a stalled vLLM on
+                # CPU starves its own API server, and its page trickled in for 10 s); only progress on it clears it
+                base = v.reason.split(_UNREADABLE)[0]
+                out += self._set(tr, s.t, State.FROZEN, f"{base}{_UNREADABLE}{s.error_kind}): nothing shows progress",
+                                 v.stalled_for, v.stacks_only)
+            else:
+                out += self._set(tr, s.t, State.BLIND, f"cannot read the page ({s.error_kind}): {s.error}")
+        return out
 
     def _booting_server(self, s: Scrape) -> str:
         """Why a closed port means starting: a server process for it, newer than the last answer, was just seen.
