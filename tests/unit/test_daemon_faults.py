@@ -10,8 +10,10 @@ import contextlib
 import errno
 import json
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from tests.receiver import Receiver
 from tests.unit.test_act_daemon import Daemon, config, freeze
 from watchdog.config.load import Config
 from watchdog.judge.judge import Judge
+from watchdog.service import daemon as daemon_module
 from watchdog.service.daemon import Daemon as WatchdogDaemon
 from watchdog.service.watcher import Watcher
 from watchdog.types import EngineReading, PageReading, Scrape, State
@@ -47,6 +50,7 @@ class RecordingAct:
         self.faults: list[tuple[str, str]] = []
         self.steps = 0
         self.incident_open = False
+        self.settled = True
 
     def fault(self, stage: str, error: str, where: str, started: float) -> None:
         self.faults.append((stage, error))
@@ -70,6 +74,52 @@ def test_an_exception_in_one_stage_is_counted_alerted_once_and_the_loop_goes_on(
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["stage"] for e in events if e["event"] == "watchdog_fault"] == ["scrape", "scrape"]
     assert watcher.judge.verdicts()[0].state in (State.STARTING, State.IDLE)  # judged again after the faults
+    d.events.close()
+
+
+class ScriptedFetcher:
+    """An idle engine serving (a token a pass), or the failure kind named for a pass."""
+
+    def __init__(self) -> None:
+        self.n, self.fail_kind = 0, ""
+
+    def scrape(self) -> Scrape:
+        self.n += 1
+        if self.fail_kind:
+            return Scrape(float(self.n), 1.7e9 + self.n, None, self.fail_kind, "the page not complete after 10s")
+        page = PageReading({"0": EngineReading("0", "m", 0.0, 0.0, 0.0, {"generation_tokens": float(self.n)})}, 5)
+        return Scrape(float(self.n), 1.7e9 + self.n, page)
+
+
+def test_calm_passes_run_the_act_stage_every_few_seconds_and_trouble_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While every engine is idle or working and nothing is open, running or reserved, a pass has nothing to act
+    on: the act stage runs every RESPOND_CALM_EVERY seconds (the control file, the heartbeat and status.json keep
+    their cadence); a pass that is not calm, or an act stage with something open, runs it on every pass."""
+    now = [100.0]
+    monkeypatch.setattr(daemon_module, "time", SimpleNamespace(monotonic=lambda: now[0], time=time.time))
+    d = WatchdogDaemon(Config(), tmp_path)
+    act = RecordingAct()
+    d.act = act  # type: ignore[assignment]
+    fetcher = ScriptedFetcher()
+    watcher = Watcher(fetcher, Judge(), clock=lambda: now[0])
+
+    def passes(n: int, step: float = 1.0) -> int:
+        before = act.steps
+        for _ in range(n):
+            now[0] += step
+            d.one_pass(watcher)
+        return act.steps - before
+
+    assert passes(3) == 3  # starting, then idle (a transition), then the first calm pass
+    assert passes(4) == 0  # calm: 4 s since the act stage last ran
+    assert passes(1) == 1  # 5 s: its turn
+    act.settled = False  # something open or reserved there: every pass
+    assert passes(3) == 3
+    act.settled = True
+    assert passes(2) == 1
+    fetcher.fail_kind = "trickle"  # blind: not calm, at once
+    assert passes(2) == 2
     d.events.close()
 
 

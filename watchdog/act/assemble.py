@@ -77,6 +77,12 @@ class Act:
         return self.responder.status(time.time())
 
     @property
+    def settled(self) -> bool:
+        """No incident, no recovery, no freeze id reserved: a calm pass has nothing here to decide."""
+        r = self.responder
+        return r.memory.incident is None and r.recovery.progress is None and not r.reserved
+
+    @property
     def incident_open(self) -> bool:
         return self.responder.memory.incident is not None
 

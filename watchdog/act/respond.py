@@ -92,6 +92,11 @@ class Responder:
             self._save()
             self.recovery.start(RecoveryJob(inc.id, False, started + self.r.boot_timeout))
 
+    @property
+    def reserved(self) -> bool:
+        """An id is held for a freeze's bundle (its incident opens on the next pass)."""
+        return bool(self._reserved)
+
     def id_for(self, engine: str, wall: float) -> str:
         """The one id of this engine's freeze: the open incident's, or one reserved for the incident that opens
         next (a freeze's bundle can be asked for in the pass before its incident opens)."""
