@@ -87,3 +87,12 @@ def test_a_failed_touch_makes_the_next_pass_rewrite(tmp_path: Path) -> None:
     assert not w.at(STATUS_TOUCH_EVERY, verdict(State.IDLE))  # the touch fails: nothing to touch
     assert w.at(STATUS_TOUCH_EVERY + 1, verdict(State.IDLE))
     assert (tmp_path / "status.json").exists()
+
+
+def test_the_act_stages_status_is_written_not_changed(tmp_path: Path) -> None:
+    """The status dict belongs to the act stage (the exporter's gauges read it too): the file gets a copy with the
+    service's fields added, and the dict handed in is left as it was."""
+    given = status()
+    assert StatusFile(tmp_path, {"stack": "s"}).update([verdict(State.IDLE)], given, None, 0.0, 0.0, WALL)
+    assert given == status()
+    assert json.loads((tmp_path / "status.json").read_text())["engines"][0]["state"] == "idle"

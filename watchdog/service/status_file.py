@@ -54,13 +54,13 @@ class StatusFile:
                     log.warning("cannot touch %s/status.json: %s", self.state_dir, e.strerror)
             return False
         self._seen, self._written, self._touched = seen, now, now
-        status.update({"pid": os.getpid(), "time": wall, **self.fixed,
-                       "engines": [{"engine": v.engine, "state": v.state.value, "reason": v.reason,
-                                    "for_seconds": round(mono - v.since, 1), "since": wall - (mono - v.since)}
-                                   for v in verdicts],
-                       "deadlines": deadlines})
+        record = {**status, "pid": os.getpid(), "time": wall, **self.fixed,  # the act stage's dict stays its own
+                  "engines": [{"engine": v.engine, "state": v.state.value, "reason": v.reason,
+                               "for_seconds": round(mono - v.since, 1), "since": wall - (mono - v.since)}
+                              for v in verdicts],
+                  "deadlines": deadlines}
         try:
-            save_status(self.state_dir, status)
+            save_status(self.state_dir, record)
         except OSError as e:
             self._seen = ()  # try it whole again on the next pass
             self._on_error()
