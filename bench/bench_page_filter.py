@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,9 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_engine import NAIVE  # noqa: E402
 from bench.profile_tick import on_cpu_ns  # noqa: E402
-from tests.harness.engine_env import engine_python  # noqa: E402
+from bench.warm_engine import warm_engine  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
-from tests.harness.models import fast_model  # noqa: E402
 from tests.harness.server import VllmServer, free_port  # noqa: E402
 from tests.harness.watcher import WatchdogProcess  # noqa: E402
 from watchdog.scrape.fetch import FILTERED, WHOLE  # noqa: E402
@@ -119,18 +117,14 @@ def main() -> int:
     ap.add_argument("--footprint-only", action="store_true",
                     help="only the service beside the naive watcher, under load (no API-server phases)")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-filter-") as tmp:
-        server = VllmServer(engine_python(), fast_model(), Path(tmp))
-        with server:
-            server.wait_ready(300)
-            server.complete("warm up", max_tokens=8)
-            api = server.pid
-            res: dict[str, object] = {"load_before": os.getloadavg(), "seconds": args.seconds}
-            if not args.footprint_only:
-                res.update(api_server_phases(api, args.seconds, server.url))
-            res["service_vs_naive_under_load"] = side_by_side(server, Path(tmp), args.seconds)
-            print(res["service_vs_naive_under_load"], flush=True)
-            res["load_after"] = os.getloadavg()
+    with warm_engine("bench-filter-") as (server, tmp):
+        api = server.pid
+        res: dict[str, object] = {"load_before": os.getloadavg(), "seconds": args.seconds}
+        if not args.footprint_only:
+            res.update(api_server_phases(api, args.seconds, server.url))
+        res["service_vs_naive_under_load"] = side_by_side(server, tmp, args.seconds)
+        print(res["service_vs_naive_under_load"], flush=True)
+        res["load_after"] = os.getloadavg()
     out = Path(args.out)
     out.write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))

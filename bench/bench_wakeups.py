@@ -23,7 +23,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,10 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.profile_tick import on_cpu_ns  # noqa: E402
-from tests.harness.engine_env import engine_python  # noqa: E402
+from bench.warm_engine import warm_engine  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
-from tests.harness.models import fast_model  # noqa: E402
-from tests.harness.server import VllmServer  # noqa: E402
 from watchdog.scrape.fetch import FILTERED  # noqa: E402
 
 CLIENT = r'''
@@ -115,15 +112,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=150.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "wakeups.json"))
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-wakeups-") as tmp:
-        server = VllmServer(engine_python(), fast_model(), Path(tmp))
-        with server:
-            server.wait_ready(300)
-            server.complete("warm up", max_tokens=8)
-            port = int(server.url.rsplit(":", 1)[1])
-            res: dict[str, object] = {"seconds": args.seconds, "load_before": os.getloadavg(),
-                                      **measure(port, args.seconds, Path(tmp), server.url, server.model_name),
-                                      "load_after": os.getloadavg()}
+    with warm_engine("bench-wakeups-") as (server, tmp):
+        port = int(server.url.rsplit(":", 1)[1])
+        res: dict[str, object] = {"seconds": args.seconds, "load_before": os.getloadavg(),
+                                  **measure(port, args.seconds, tmp, server.url, server.model_name),
+                                  "load_after": os.getloadavg()}
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps(res, indent=2))
     return 0
