@@ -167,6 +167,33 @@ def test_an_idle_sink_thread_sleeps_until_an_alert_comes(receiver, dispatcher) -
     assert d.close(timeout=2) is True and not worker.is_alive()
 
 
+def test_close_with_a_full_queue_behind_a_slow_send_still_ends_the_thread(caplog) -> None:
+    """The sink is in a send that has not answered and its queue is full when the service closes: the rest is
+    dropped under abort, and the thread ends once the send returns (the stop always fits in the queue)."""
+    release, entered = threading.Event(), threading.Event()
+
+    class Slow:
+        name = "slow"
+
+        def send(self, a: Alert) -> None:
+            entered.set()
+            if not release.wait(30):
+                raise AssertionError("never released")
+
+    d = Dispatcher([Slow()], RetryPolicy.instant(), queue_size=2)
+    d.submit(alert(incident="inc-0"))
+    assert entered.wait(10)
+    d.submit(alert(incident="inc-1"))
+    d.submit(alert(incident="inc-2"))  # the queue is full now
+    [worker] = [t for t in threading.enumerate() if t.name == "alerts-slow"]
+    assert d.close(timeout=0.2) is False  # not drained: the send has not returned
+    release.set()
+    worker.join(10)
+    assert not worker.is_alive(), "the sink's thread outlived close()"
+    dropped = [r.getMessage() for r in caplog.records if "closing, dropped" in r.getMessage()]
+    assert len(dropped) == 2 and "inc-1" in dropped[0] and "inc-2" in dropped[1], dropped
+
+
 def test_alertmanager_alertname_follows_the_incident_kind() -> None:
     am = AlertmanagerSink("http://am:9093", firing_ttl=3600)
     # one incident keeps one alertname (labels are Alertmanager's identity), so `resolved` ends the right alert

@@ -51,12 +51,14 @@ class RecordingAct:
         self.steps = 0
         self.incident_open = False
         self.settled = True
+        self.page_read: list[bool] = []
 
     def fault(self, stage: str, error: str, where: str, started: float) -> None:
         self.faults.append((stage, error))
 
-    def step(self, verdicts: list[Any], mono: float) -> dict[str, Any]:
+    def step(self, verdicts: list[Any], mono: float, page_read: bool = True) -> dict[str, Any]:
         self.steps += 1
+        self.page_read.append(page_read)
         return {"incident": None, "paused": False, "budget_left": 3, "recovery": None, "gave_up": None}
 
 
@@ -120,6 +122,7 @@ def test_calm_passes_run_the_act_stage_every_few_seconds_and_trouble_at_once(
     assert passes(2) == 1
     fetcher.fail_kind = "trickle"  # blind: not calm, at once
     assert passes(2) == 2
+    assert act.page_read[-3:] == [True, False, False]  # the heartbeat's word: this pass did not read the page
     d.events.close()
 
 

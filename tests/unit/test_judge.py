@@ -450,7 +450,7 @@ def test_a_frozen_engine_whose_page_turns_unreadable_stays_frozen() -> None:
     for t in (50, 51):
         assert j.observe(failed(t, "trickle", "the page not complete after 10s")) == []
     v = j.verdicts()[0]
-    assert v.state == State.FROZEN and v.since == since
+    assert v.state == State.FROZEN and v.since == since and v.stalled_for == 51 - 2  # the stall goes on counting
     assert v.reason.endswith("; the page cannot be read now (trickle): nothing shows progress"), v.reason
     assert v.reason.count("cannot be read now") == 1
     assert j.observe(failed(52, "refused", "nothing listening"))[0].to_state == State.DOWN  # gone is still down

@@ -18,6 +18,7 @@ from tests.unit.test_evidence_bundle import (
     ENGINE,
     ENGINE_WAITING,
     MPX,
+    READER,
     SHM,
     SITE,
     STDLIB,
@@ -229,5 +230,22 @@ def test_an_enginecore_waiting_on_parked_workers_is_parked_even_while_it_spins()
     quiet pause (parked in their poll), so no step comes and goes: parked ranks, not a livelock."""
     cap = capture(rnd(ENGINE_WAITING, 5.0), rnd(ENGINE_WAITING, 7.0))
     quiet = {ENGINE.pid: (2.0, 3.0), TP0.pid: (0.0, 3.0), TP1.pid: (0.01, 3.0), API.pid: (0.0, 3.0)}
+    f = assess(_spread(cap, 3.0, quiet), work_pending=True, page=PageWork(running=2, waiting=0))
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED, f.reason
+
+
+OLD_READER: Frames = [("MessageQueue.acquire_read", SHM, 420), ("_GeneratorContextManager.__enter__",
+                                                                  f"{STDLIB}/contextlib.py", 137),
+                      ("MessageQueue.dequeue", SHM, 480)]
+
+
+def test_readers_that_spin_for_ever_say_nothing_about_steps_coming() -> None:
+    """Older vLLM readers spin in acquire_read for as long as they wait (no SpinCondition, no poll): every worker and
+    EngineCore burn while parked for good. Their burn is no sign of steps turning: parked, with its culprit."""
+    old_idle: Frames = [*OLD_READER, ("WorkerProc.worker_busy_loop", MPX, 806), ("WorkerProc.worker_main", MPX, 707)]
+    old_waiting: Frames = [*OLD_READER, *ENGINE_WAITING[len(READER):]]
+    cap = capture(rnd(old_waiting, 5.0, tp0=old_idle, tp1=old_idle),
+                  rnd(old_waiting, 6.8, tp0=old_idle, tp1=old_idle, worker_cpu=23.0))
+    quiet = {ENGINE.pid: (2.5, 3.0), TP0.pid: (2.9, 3.0), TP1.pid: (2.8, 3.0), API.pid: (0.0, 3.0)}
     f = assess(_spread(cap, 3.0, quiet), work_pending=True, page=PageWork(running=2, waiting=0))
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED, f.reason

@@ -298,18 +298,20 @@ def test_while_calm_the_switches_are_read_every_few_seconds(h: Harness) -> None:
     assert seen[0] is False and seen[-1] is True and seen.index(True) <= CONTROL_CALM_EVERY
 
 
-def test_a_freeze_id_reserved_for_its_bundle_outlives_a_blind_pass(h: Harness) -> None:
-    """The stacks confirm a freeze within a pass and its bundle takes the id the incident will open with; a pass that
-    cannot read the page (blind) says nothing about the freeze being over, so the id stays; progress ends it."""
+def test_a_freeze_id_reserved_for_its_bundle_opens_its_incident_and_ends_with_the_freeze(h: Harness) -> None:
+    """The stacks confirm a freeze within a pass (after the act stage) and its bundle takes the id that the incident
+    opens with on the next pass. Any other state ends the reservation: a later freeze gets its own id (reusing one
+    would write a second bundle onto the first). An unreadable page does not end a freeze (the judge keeps it
+    frozen), so it does not end the reservation either."""
     h.step(State.SUSPECT)
     reserved = h.r.id_for("0", h.clock.wall)
-    h.step(State.BLIND)
-    assert h.r.id_for("0", h.clock.wall) == reserved
     h.step(State.FROZEN)
     assert h.events[-1]["event"] == "incident_opened" and h.events[-1]["incident"] == reserved
     (h.tmp / "other").mkdir()
     other = Harness(h.tmp / "other", config())
     other.step(State.SUSPECT)
     first = other.r.id_for("0", other.clock.wall)
-    other.step(State.WORKING)  # the freeze is over: a later one gets its own id
-    assert other.r.id_for("0", other.clock.wall + 5) != first
+    for state in (State.BLIND, State.WORKING):
+        other.step(state)
+        assert other.r.id_for("0", other.clock.wall + 5) != first
+        first = other.r.id_for("0", other.clock.wall + 5)

@@ -8,7 +8,6 @@ itself and the receivers' formats are in `watchdog.act.alert_sinks`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -91,14 +90,21 @@ class _Worker:
 
     def __init__(self, sink: Sink, retry: RetryPolicy, queue_size: int, abort: threading.Event) -> None:
         self.sink, self.retry, self.abort = sink, retry, abort
-        self.queue: queue.Queue[Alert | None] = queue.Queue(queue_size)
+        self.limit = queue_size  # alerts waiting at most (kept by `Dispatcher.submit`); the stop always fits
+        self.queue: queue.Queue[Alert | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name=f"alerts-{sink.name}", daemon=True)
         self.thread.start()
 
-    def stop(self, timeout: float) -> None:
+    def offer(self, alert: Alert) -> bool:
+        """Queue an alert unless ``limit`` are already waiting (then it is dropped: a submit never blocks)."""
+        if self.queue.qsize() >= self.limit:
+            return False
+        self.queue.put_nowait(alert)
+        return True
+
+    def stop(self) -> None:
         """Wake the thread to end, after what is queued (dropped unless delivered in time: see abort)."""
-        with contextlib.suppress(queue.Full):
-            self.queue.put(None, timeout=max(0.0, timeout))  # full only while aborting: it drains at once
+        self.queue.put_nowait(None)
 
     def _run(self) -> None:
         while (alert := self.queue.get()) is not None:
@@ -174,9 +180,7 @@ class Dispatcher:
                     log.debug("alert sink %s: %s for incident %s already sent", w.sink.name, alert.event,
                               alert.incident_id)
                     continue
-                try:
-                    w.queue.put_nowait(alert)
-                except queue.Full:
+                if not w.offer(alert):
                     log.warning("alert sink %s: queue full, dropped %s for incident %s", w.sink.name, alert.event,
                                 alert.incident_id)
                     continue
@@ -200,9 +204,9 @@ class Dispatcher:
         drained = self.wait_idle(timeout)
         if not drained:
             self._abort.set()
-        deadline = time.monotonic() + 1.0
         for w in self._workers:
-            w.stop(deadline - time.monotonic())
+            w.stop()
+        deadline = time.monotonic() + 1.0
         for w in self._workers:
             w.thread.join(max(0.0, deadline - time.monotonic()))
         return drained and not any(w.thread.is_alive() for w in self._workers)

@@ -70,10 +70,11 @@ class Act:
             log.info("no restart steps configured: incidents are alerted and recorded, never acted on")
         self.responder.resume()
 
-    def step(self, verdicts: list[Verdict], mono: float) -> dict[str, Any]:
-        """One pass: the policy, then the heartbeat (only if this pass saw the engine); returns the status."""
+    def step(self, verdicts: list[Verdict], mono: float, page_read: bool = True) -> dict[str, Any]:
+        """One pass: the policy, then the heartbeat (only if this pass saw the engine: its page read, no verdict
+        blind; a freeze stays frozen while its page cannot be read); returns the status."""
         self.responder.step(verdicts, mono)
-        self.heartbeat.beat(mono, bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
+        self.heartbeat.beat(mono, page_read and bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
         return self.responder.status(time.time())
 
     @property

@@ -114,9 +114,8 @@ class Responder:
             self._read_control()  # before anything is acted on: every pass unless all is calm
             self._control_read_at = mono
         self._verdicts, self._mono = {v.engine: v for v in verdicts}, mono
-        for engine in [e for e in self._reserved if e not in self._verdicts
-                       or self._verdicts[e].state not in (State.FROZEN, State.BLIND)]:
-            del self._reserved[engine]  # that freeze is over (not merely unseen for a while): its id is not for another
+        for engine in [e for e in self._reserved if e not in self._verdicts or self._verdicts[e].state != State.FROZEN]:
+            del self._reserved[engine]  # that freeze is over: its id is not for a later one
         if (done := self.recovery.poll()) is not None:
             self._recovery_done(done, now)
         inc = self.memory.incident

@@ -221,12 +221,21 @@ def _ring_turns(procs: list[ProcessFinding]) -> bool:
                                  for w in workers)
 
 
-def _burning(procs: list[ProcessFinding], stall: bool, loop: set[Cls], ring: bool) -> ProcessFinding | None:
-    """An EngineCore turning its loop (never leaving it at either capture) on at least ``_BURN`` of a core."""
+def _bounded_spin(procs: list[ProcessFinding]) -> bool:
+    """Every worker's reader spins in vLLM's SpinCondition (about a second after each step, then a poll): its burn
+    means steps keep coming. Older readers spin for ever (sched_yield in acquire_read), so there it means nothing."""
+    workers = [f for f in procs if f.process.role == Role.WORKER]
+    return bool(workers) and all(f.explanation is not None and any(
+        fr.function.endswith("SpinCondition.wait") for fr in f.explanation.frames) for f in workers)
+
+
+def _burning(procs: list[ProcessFinding], stall: bool, loop: set[Cls], steps: bool) -> ProcessFinding | None:
+    """An EngineCore turning its loop (never leaving it at either capture) on at least ``_BURN`` of a core; with
+    ``steps`` (every worker burning in a bounded reader spin) also one seen only waiting on the replies."""
     for f in procs:
         if f.process.role != Role.ENGINE_CORE or not _burns(f) or not _classes(f) <= loop:
             continue
-        if Cls.ENGINE_LOOP in _classes(f) or f.moved or stall or (ring and Cls.ENGINE_IDLE not in _classes(f)):
+        if Cls.ENGINE_LOOP in _classes(f) or f.moved or stall or (steps and Cls.ENGINE_IDLE not in _classes(f)):
             return f
     return None
 
@@ -259,7 +268,7 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
         return Decision.UNDECIDED, "a single capture cannot tell parked from passing through", None
     names = ", ".join(f.explanation.name for f in movers if f.explanation)
     turned = f" (moved only in its loop: {names})" if movers else ""
-    burn = _burning(procs, stall, engine_loop, ring)
+    burn = _burning(procs, stall, engine_loop, ring and _bounded_spin(procs))
     rate = burn.burn if burn else None
     turning = (f"{burn.explanation.name} turns its own loop ({', '.join(sorted(c.value for c in _classes(burn)))}) "
                f"on {rate[0]:g} CPU s in {rate[1]:g} s" if burn and burn.explanation and rate else "")

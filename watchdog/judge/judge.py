@@ -147,8 +147,9 @@ class Judge:
                 # a confirmed freeze stays one: an unreadable page shows no progress (seen live: a stalled vLLM on
                 # CPU starves its own API server, and its page trickled in for 10 s); only progress on it clears it
                 base = v.reason.split(_UNREADABLE)[0]
+                start = max(tr.pending_since, tr.last_progress or tr.pending_since) if tr.pending_since else None
                 out += self._set(tr, s.t, State.FROZEN, f"{base}{_UNREADABLE}{s.error_kind}): nothing shows progress",
-                                 v.stalled_for, v.stacks_only)
+                                 s.t - start if start is not None else v.stalled_for, v.stacks_only)
             else:
                 out += self._set(tr, s.t, State.BLIND, f"cannot read the page ({s.error_kind}): {s.error}")
         return out

@@ -47,11 +47,10 @@ log = logging.getLogger(__name__)
 # TP=2 here, measured; every 5 minutes that was 7% of the service's CPU.
 DEADLINES_EVERY = 3600.0
 _UP = frozenset({State.IDLE, State.WORKING})
-# While every engine is idle or working and nothing is open, running or reserved, the act stage (the operator's
-# control file, the heartbeat, the status file and its gauges) runs every this many seconds, not every pass: on a calm
-# pass it decides nothing (the service's CPU at 1 Hz 0.0725% against 0.0769% without this, side by side in one run of
-# bench/profile_tick.py --cpu 150 --chunked --against; a noisier run showed no difference). A pass that is not calm
-# runs it at once.
+# While every engine is idle or working and nothing is open, running or reserved, the act stage (control file,
+# heartbeat, status file, gauges) runs this often, not every pass: a calm pass decides nothing there (the service at
+# 1 Hz: 0.0725% of a core against 0.0769% without, side by side, bench/profile_tick.py --cpu 150 --chunked --against;
+# a noisier run: no difference). A pass that is not calm runs it at once.
 RESPOND_CALM_EVERY = 5.0
 
 
@@ -164,6 +163,7 @@ class Daemon:
 
     def one_pass(self, watcher: Watcher) -> None:
         transitions = self._guard("scrape", watcher.tick) or []
+        self._calm = False  # until the report says so (a report stage that fails leaves it so: the act stage runs)
         self._guard("report", self._report, watcher, transitions)
         self._guard("act", self._respond, watcher)
         self._guard("evidence", self._evidence, watcher, transitions)
@@ -296,7 +296,7 @@ class Daemon:
         calm_here = self._calm and nodes_well and self.act.settled
         if calm_here and now < self._respond_next and not self._deadlines_due:
             return  # calm, and nothing open, running or reserved: the act stage has nothing to do on this pass
-        status = self.act.step(verdicts, watcher.clock())
+        status = self.act.step(verdicts, watcher.clock(), watcher.judge.last_scrape_ok)
         self.exporter.set_response(status)
         self._respond_next = now + RESPOND_CALM_EVERY if calm_here else now
         if self._deadlines_due or now - self._deadlines_read >= DEADLINES_EVERY:
