@@ -147,7 +147,7 @@ class Judge:
                 # a confirmed freeze stays one: an unreadable page shows no progress (seen live: a stalled vLLM on
                 # CPU starves its own API server, and its page trickled in for 10 s); only progress on it clears it
                 base = v.reason.split(_UNREADABLE)[0]
-                start = max(tr.pending_since, tr.last_progress or tr.pending_since) if tr.pending_since else None
+                start = tr.stall_start
                 out += self._set(tr, s.t, State.FROZEN, f"{base}{_UNREADABLE}{s.error_kind}): nothing shows progress",
                                  s.t - start if start is not None else v.stalled_for, v.stacks_only)
             else:
@@ -198,8 +198,7 @@ class Judge:
         work = f"running={r.running:g} waiting={r.waiting:g}"
         if not page_pending and probe_since is not None:
             work += ", a probe request outstanding"
-        if tr.pending_since is not None:
-            stall_start = max(tr.pending_since, tr.last_progress or tr.pending_since)
+        if (stall_start := tr.stall_start) is not None:
             stalled = t - stall_start
             if tr.confirmed is not None and tr.confirmed.taken >= stall_start:
                 return self._set(tr, t, State.FROZEN, f"stacks confirm: {tr.confirmed.reason} ({work})", stalled)

@@ -40,6 +40,13 @@ class Track:
     incarnation: int = 1
     verdict: Verdict | None = None
 
+    @property
+    def stall_start(self) -> float | None:
+        """When the stall began: the later of work pending and the last progress; None while nothing is pending."""
+        if self.pending_since is None:
+            return None
+        return max(self.pending_since, self.last_progress or self.pending_since)
+
     def forget_incarnation(self) -> None:
         """The engine went away: what comes back is a new incarnation that must prove itself again."""
         if self.counters is not None or self.ready:
