@@ -78,6 +78,22 @@ class Counting:
         self.sink.send(a)
 
 
+class Held:
+    """A sink whose every send waits until the test releases it (``entered`` says one is waiting); what it then
+    sends is recorded in ``sent``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.sent: list[str] = []
+
+    def send(self, a: Alert) -> None:
+        self.entered.set()
+        if not self.release.wait(30):
+            raise AssertionError("never released")
+        self.sent.append(a.incident_id)
+
+
 def gave_up(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "giving up" in r.getMessage()]
 
@@ -170,24 +186,15 @@ def test_an_idle_sink_thread_sleeps_until_an_alert_comes(receiver, dispatcher) -
 def test_close_with_a_full_queue_behind_a_slow_send_still_ends_the_thread(caplog) -> None:
     """The sink is in a send that has not answered and its queue is full when the service closes: the rest is
     dropped under abort, and the thread ends once the send returns (the stop always fits in the queue)."""
-    release, entered = threading.Event(), threading.Event()
-
-    class Slow:
-        name = "slow"
-
-        def send(self, a: Alert) -> None:
-            entered.set()
-            if not release.wait(30):
-                raise AssertionError("never released")
-
-    d = Dispatcher([Slow()], RetryPolicy.instant(), queue_size=2)
+    slow = Held("slow")
+    d = Dispatcher([slow], RetryPolicy.instant(), queue_size=2)
     d.submit(alert(incident="inc-0"))
-    assert entered.wait(10)
+    assert slow.entered.wait(10)
     d.submit(alert(incident="inc-1"))
     d.submit(alert(incident="inc-2"))  # the queue is full now
     [worker] = [t for t in threading.enumerate() if t.name == "alerts-slow"]
     assert d.close(timeout=0.2) is False  # not drained: the send has not returned
-    release.set()
+    slow.release.set()
     worker.join(10)
     assert not worker.is_alive(), "the sink's thread outlived close()"
     dropped = [r.getMessage() for r in caplog.records if "closing, dropped" in r.getMessage()]
@@ -297,28 +304,17 @@ def test_secrets_never_logged_even_on_failure(receiver, dispatcher, caplog) -> N
 
 
 def test_submit_never_blocks_on_a_full_queue(dispatcher, caplog) -> None:
-    release, entered = threading.Event(), threading.Event()
-    sent: list[str] = []
-
-    class Stuck:
-        name = "stuck"
-
-        def send(self, a: Alert) -> None:
-            entered.set()
-            if not release.wait(30):
-                raise AssertionError("never released")
-            sent.append(a.incident_id)
-
-    d = dispatcher([Stuck()], RetryPolicy.instant(), queue_size=1)
+    stuck = Held("stuck")
+    d = dispatcher([stuck], RetryPolicy.instant(), queue_size=1)
     d.submit(alert(incident="inc-0"))
-    assert entered.wait(10)  # the worker holds inc-0 and cannot finish it: the queue (one place) is empty
+    assert stuck.entered.wait(10)  # the worker holds inc-0 and cannot finish it: the queue (one place) is empty
     submitter = threading.Thread(target=lambda: [d.submit(alert(incident=f"inc-{i}")) for i in range(1, 20)])
     submitter.start()
     submitter.join(10)  # a deadline only: a blocking submit would wait for `release`, set below, forever
     assert not submitter.is_alive(), "submit blocked on the stuck sink"
-    release.set()
+    stuck.release.set()
     assert d.wait_idle(10)
-    assert sent == ["inc-0", "inc-1"]  # the one held, the one queued; the other 18 dropped, each said so
+    assert stuck.sent == ["inc-0", "inc-1"]  # the one held, the one queued; the other 18 dropped, each said so
     full = [r.getMessage() for r in caplog.records if "queue full" in r.getMessage()]
     assert len(full) == 18 and "inc-19" in full[-1], full
 
