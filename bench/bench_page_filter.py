@@ -7,6 +7,7 @@ Found with it: vLLM 0.32 answers ``/metrics`` from prometheus-fastapi-instrument
 ``/metrics/?name[]=...`` (``watchdog.scrape.fetch.FILTERED``) and falls back to the whole page where that fails.
 
     .venv/bin/python bench/bench_page_filter.py [--seconds 90] [--out bench/results/page-filter.json]
+    .venv/bin/python bench/bench_page_filter.py --footprint-only --against /tmp/base --out /tmp/fp.json
 
 Phases of ``--seconds`` each, on the idle engine (so the API server's own work is its background only): nothing
 scraping; a 1 Hz GET of the whole page; a 1 Hz GET of ``/metrics?name[]=...`` (ignored by vLLM 0.32); a 1 Hz GET of
@@ -86,27 +87,38 @@ def api_server_phases(api: int, seconds: float, url: str) -> dict[str, dict[str,
     return res
 
 
-def side_by_side(server: VllmServer, workdir: Path, seconds: float) -> dict[str, float]:
-    w = WatchdogProcess(server.url, workdir / "service", "", metrics_port=free_port()).start()  # defaults: exporter on
-    naive = subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def side_by_side(server: VllmServer, workdir: Path, seconds: float, against: str = "") -> dict[str, float]:
+    """The service (defaults: exporter on) and the naive watcher under load; with ``against``, also the service of
+    another checkout (`python -m watchdog` from that tree's root), so that a change is measured in one run."""
+    w = WatchdogProcess(server.url, workdir / "service", "", metrics_port=free_port()).start()
+    others = [subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    if against:
+        (workdir / "against").mkdir()
+        others.append(subprocess.Popen(
+            [sys.executable, "-m", "watchdog", "run", "--url", server.url, "--state-dir", str(workdir / "against"),
+             "--metrics-port", str(free_port())],
+            cwd=against, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
         w.wait_for_state("idle", 60)
         assert w._popen is not None
+        pids = {"watchdog": w._popen.pid, "naive": others[0].pid}
+        if against:
+            pids["against"] = others[1].pid
         with LoadGenerator(server.url, server.model_name, threads=4, duration=seconds + 30):
             time.sleep(5)
-            a = {"watchdog": on_cpu_ns(w._popen.pid), "naive": on_cpu_ns(naive.pid)}
-            t0 = time.monotonic()
+            a, t0 = {k: on_cpu_ns(p) for k, p in pids.items()}, time.monotonic()
             time.sleep(seconds)
-            b = {"watchdog": on_cpu_ns(w._popen.pid), "naive": on_cpu_ns(naive.pid)}
-            wall = time.monotonic() - t0
+            b, wall = {k: on_cpu_ns(p) for k, p in pids.items()}, time.monotonic() - t0
         res = {f"{k}_cpu_percent": round((b[k] - a[k]) / 1e9 / wall * 100, 4) for k in a}
-        res["ratio_naive_to_watchdog"] = round(res["naive_cpu_percent"] / max(res["watchdog_cpu_percent"], 1e-9), 1)
+        for name in ("watchdog", "against") if against else ("watchdog",):
+            res[f"ratio_naive_to_{name}"] = round(res["naive_cpu_percent"] / max(res[f"{name}_cpu_percent"], 1e-9), 1)
         res["frozen_events"] = w.states().count("frozen")
         return res
     finally:
-        os.killpg(naive.pid, signal.SIGKILL)
-        naive.wait(10)
+        for p in others:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
         w.stop()
 
 
@@ -116,13 +128,14 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "page-filter.json"))
     ap.add_argument("--footprint-only", action="store_true",
                     help="only the service beside the naive watcher, under load (no API-server phases)")
+    ap.add_argument("--against", default="", help="another checkout's service beside this one, under load")
     args = ap.parse_args()
     with warm_engine("bench-filter-") as (server, tmp):
         api = server.pid
         res: dict[str, object] = {"load_before": os.getloadavg(), "seconds": args.seconds}
         if not args.footprint_only:
             res.update(api_server_phases(api, args.seconds, server.url))
-        res["service_vs_naive_under_load"] = side_by_side(server, tmp, args.seconds)
+        res["service_vs_naive_under_load"] = side_by_side(server, tmp, args.seconds, args.against)
         print(res["service_vs_naive_under_load"], flush=True)
         res["load_after"] = os.getloadavg()
     out = Path(args.out)

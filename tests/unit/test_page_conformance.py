@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from watchdog.scrape import page as page_module
 from watchdog.scrape.page import COUNTERS, DEFAULT_ENGINE, GAUGES, PageError, read_page
 from watchdog.types import EngineReading, PageReading
 
@@ -347,3 +348,89 @@ def test_known_heads_read_new_values_and_new_forms_right() -> None:
         read_page(page(f"{head} 1_0"))
     with pytest.raises(PageError, match="not a number"):
         read_page(page(f"{head} x"))
+
+
+# -- the layout: a page with the heads of one read before is read from its values alone -------------------------
+
+
+def _forget() -> None:
+    """Every head and layout read_page remembers, forgotten: the next read goes line by line."""
+    page_module._LAYOUTS.clear()
+    page_module._HEADS.clear()
+    page_module._SERIES.clear()
+
+
+def _read_or_error(text: str) -> PageReading | tuple[str, str]:
+    """The reading, or the error's kind and line (a remembered head words "no value" as "not a number")."""
+    try:
+        return read_page(text)
+    except PageError as e:
+        return (e.kind, e.message.split(":", 1)[0])
+
+
+_ODD_VALUES = ["0", "-0.0", "1e-05", "2.5E+3", "123456789012345678", "NaN", "+Inf", "-Inf", "1_0", "x", "",
+               "3 1700000000000", "\t4", "0x10", "\u0661\u0662"]
+
+
+@pytest.mark.parametrize("path", [DATA / "vllm-0.32.0-tp2-under-load.txt", DATA / "vllm-0.32.0-dp2-tp1-after-load.txt"],
+                         ids=lambda p: p.name)
+@pytest.mark.parametrize("odd", _ODD_VALUES)
+def test_a_remembered_layout_reads_like_a_fresh_read(path: Path, odd: str) -> None:
+    """The page with new values, read through the layout remembered from the original, reads as the same page read
+    from scratch (and as prometheus_client reads it): every wanted value re-spelled, and one of them odd (not finite,
+    not a number, followed by a timestamp, ...)."""
+    original = path.read_text(encoding="utf-8")
+    rng = random.Random(odd)
+    lines = original.split("\n")
+    wanted = [i for i, line in enumerate(lines)
+              if (m := _SAMPLE.match(line)) is not None and (m.group(1) in GAUGES or m.group(1) in COUNTERS)]
+    assert len(wanted) >= 10
+    for i in wanted:
+        value = rng.choice([f"{rng.uniform(0, 1e6):.6g}", f"{rng.randrange(10**9)}.0", f"{rng.random():e}"])
+        lines[i] = lines[i][: lines[i].rindex(" ") + 1] + value
+    respelled = "\n".join(lines)
+    at = rng.choice(wanted)
+    lines[at] = lines[at][: lines[at].rindex(" ") + 1] + odd
+    changed = "\n".join(lines)
+    _forget()
+    read_page(original)
+    assert page_module._LAYOUTS, "reading a real page remembers its layout"
+    assert read_page(respelled) == assert_agrees(respelled)
+    fast = _read_or_error(changed)
+    _forget()
+    fresh = _read_or_error(changed)
+    assert fast == fresh
+    if isinstance(fresh, PageReading):
+        assert_agrees(changed)
+
+
+def test_a_remembered_layout_is_used_and_places_each_value() -> None:
+    """Not vacuous: after one read the next page with the same heads is read through the layout (the line-by-line
+    reader is not called), and every value lands in its engine and field, sums included."""
+    text = page(
+        'vllm:num_requests_running{engine="0",model_name="m"} 1',
+        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 2',
+        'vllm:num_requests_waiting{engine="1",model_name="n"} 3',
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 4',
+        'vllm:gpu_cache_usage_perc{engine="1",model_name="n"} 0.5',
+        'vllm:generation_tokens_total{engine="1",model_name="n"} 6',
+    )
+    _forget()
+    read_page(text)
+    calls: list[str] = []
+    real = page_module._read_lines
+
+    def spy(text: str, padded: str, heads: tuple[str, ...]) -> PageReading:
+        calls.append("line by line")
+        return real(text, padded, heads)
+
+    page_module._read_lines = spy
+    try:
+        got = read_page(text.replace(" 1\n", " 10\n").replace(" 2\n", " 20\n").replace(" 6\n", " 60\n"))
+        assert calls == []
+        assert got.engines["0"] == EngineReading("0", "m", 10, None, None, {"request_success": 24})
+        assert got.engines["1"] == EngineReading("1", "n", None, 3, 0.5, {"generation_tokens": 60})
+        read_page(text.replace(" 3\n", " NaN\n"))
+        assert calls == ["line by line"], "a value that is not finite goes line by line"
+    finally:
+        page_module._read_lines = real

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from typing import TypeVar
 
 from watchdog.types import EngineReading, PageReading
 
@@ -59,10 +60,8 @@ WANTED_SAMPLES: tuple[str, ...] = tuple(sorted(_WANTED))
 # of the line (labels, value, timestamp).
 _PREFIX = "vllm:"
 assert all(n.startswith(_PREFIX) for n in _WANTED)
-_WANTED_LINE = re.compile(
-    "\n" + _PREFIX + "(" + "|".join(re.escape(n[len(_PREFIX):]) for n in sorted(_WANTED, key=len, reverse=True))
-    + r")(?=[{ \t])([^\n]*)"
-)
+_NAMES = "|".join(re.escape(n[len(_PREFIX):]) for n in sorted(_WANTED, key=len, reverse=True))
+_WANTED_LINE = re.compile("\n" + _PREFIX + "(" + _NAMES + r")(?=[{ \t])([^\n]*)")
 
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 _UNESCAPE = re.compile(r'\\([\\n"])')  # the only escapes in the text format; any other backslash stays
@@ -162,6 +161,79 @@ def _parse_line(padded: str, m: re.Match[str], line_head: str, value_text: str) 
     return series, label_text, value
 
 
+_T = TypeVar("_T")
+
+
+def _current_spelling(per_engine: dict[str, _T]) -> None:
+    """An old spelling's reading moves to the current field, unless the current spelling was read too."""
+    for legacy in [k for k in per_engine if k.startswith(_LEGACY_PREFIX)]:
+        per_engine.setdefault(legacy[len(_LEGACY_PREFIX) :], per_engine.pop(legacy))
+
+
+# engine, model, the lines of running, waiting and kv_usage (-1: none), the counters read off one line each and their
+# lines, and the counters summed over several lines (request_success, per finished_reason) with their lines
+_EnginePlan = tuple[str, str, int, int, int, tuple[str, ...], tuple[int, ...], tuple[tuple[str, tuple[int, ...]], ...]]
+
+
+class _Layout:
+    """Where each engine's readings sit among a page's wanted lines, worked out once from the lines' series: the
+    gauges' line numbers, and per counter the lines summed (in page order, as the counter's value is summed).
+    Lines whose (engine, field) is in ``poisoned`` are left out, and so is the field."""
+
+    __slots__ = ("engines",)
+
+    def __init__(self, lines: list[_Series], poisoned: set[tuple[str, str]]) -> None:
+        gauges: dict[str, dict[str, int]] = {}
+        counters: dict[str, dict[str, list[int]]] = {}
+        models: dict[str, str] = {}
+        for i, s in enumerate(lines):
+            models.setdefault(s.engine, s.model)
+            if (s.engine, s.field) in poisoned:
+                continue
+            if s.gauge:
+                gauges.setdefault(s.engine, {})[s.field] = i
+            else:
+                counters.setdefault(s.engine, {}).setdefault(s.field, []).append(i)
+        for per_engine in gauges.values():
+            _current_spelling(per_engine)
+        for per_counter in counters.values():
+            _current_spelling(per_counter)
+        plans: list[_EnginePlan] = []
+        for engine in sorted(set(gauges) | set(counters) | set(models)):
+            g, c = gauges.get(engine, {}), counters.get(engine, {})
+            single = [(f, at[0]) for f, at in c.items() if len(at) == 1]
+            plans.append((engine, models[engine], g.get("running", -1), g.get("waiting", -1), g.get("kv_usage", -1),
+                          tuple(f for f, _ in single), tuple(i for _, i in single),
+                          tuple((f, tuple(at)) for f, at in c.items() if len(at) > 1)))
+        self.engines = tuple(plans)
+
+    def read(self, values: list[float]) -> dict[str, EngineReading]:
+        engines: dict[str, EngineReading] = {}
+        at = values.__getitem__
+        for engine, model, running, waiting, kv, single_fields, single_lines, summed in self.engines:
+            counters = dict(zip(single_fields, map(at, single_lines), strict=True))
+            for f, lines in summed:
+                total = 0.0  # in page order, one by one, as a reader of the page would add them
+                for i in lines:
+                    total += values[i]
+                counters[f] = total
+            engines[engine] = EngineReading(engine, model, None if running < 0 else values[running],
+                                            None if waiting < 0 else values[waiting], None if kv < 0 else values[kv],
+                                            counters)
+        return engines
+
+
+# A page whose wanted lines have the heads of a page read before, in the same order, each of the plain form
+# "head value", is read from its values alone: one C scan splits every wanted line at its last space, and the layout
+# found for those heads places the values. Measured on the recorded TP=2 page under load, filtered (14 wanted
+# lines): 400 Python bytecodes a read instead of 1530 (bench/count_pass.py --part read); 12.8 us instead of 30 warm,
+# 141 instead of 159 with the caches flushed before each read. Any value that is not a finite number, and any other
+# head, goes line by line (`_read_lines`, which finds the error, or a new layout).
+_HEAD_VALUE = re.compile("(\n" + _PREFIX + "(?:" + _NAMES + r")(?=[{ \t])(?:[^\n]* )?)([^ \n]*)(?=\n)")
+_LAYOUTS: dict[tuple[str, ...], _Layout] = {}
+_LAYOUTS_MAX = 64
+
+
 def read_page(text: str) -> PageReading:
     """Pick the judgement's series out of a page. Raises PageError when the page is not usable."""
     head = text.lstrip()[:1]
@@ -169,14 +241,31 @@ def read_page(text: str) -> PageReading:
         raise PageError("html", "the page is HTML, not Prometheus text: is the URL the vLLM server's base URL?")
     if text and not text.endswith("\n"):
         raise PageError("truncated", f"the page ends mid-line after {len(text)} characters (cut off)")
-    gauges: dict[str, dict[str, float]] = {}
-    counters: dict[str, dict[str, float]] = {}
-    models: dict[str, str] = {}
+    padded = "\n" + text  # positions in `padded` are one past those in `text`
+    pairs = _HEAD_VALUE.findall(padded)
+    heads: tuple[str, ...] = ()
+    if pairs:
+        heads, texts = zip(*pairs, strict=True)
+        layout = _LAYOUTS.get(heads)
+        if layout is not None and "_" not in "".join(texts):  # Python's float() takes 1_0; the format does not
+            try:
+                values = list(map(float, texts))
+            except ValueError:
+                values = []
+            if values and all(map(math.isfinite, values)):
+                return PageReading(layout.read(values), 0)
+    return _read_lines(text, padded, heads)
+
+
+def _read_lines(text: str, padded: str, heads: tuple[str, ...]) -> PageReading:
+    """Every wanted line read on its own (known heads skip their labels); the page's layout is remembered when
+    every line is of the plain form and every value finite."""
+    lines: list[_Series] = []
+    values: list[float] = []
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     dropped: list[str] = []
-    poisoned: set[tuple[str, str]] = set()  # (engine, counter) with a non-finite part: unusable
+    poisoned: set[tuple[str, str]] = set()  # (engine, field) with a non-finite part: unusable
     # Only the wanted lines are visited: one C-level regex scan finds them; the rest of the page is skipped.
-    padded = "\n" + text  # positions in `padded` are one past those in `text`
     for m in _WANTED_LINE.finditer(padded):
         # the line's head (name and labels) is the same on every scrape: known heads skip the parse
         line_head, _, value_text = m.group(0).rpartition(" ")
@@ -194,34 +283,18 @@ def read_page(text: str) -> PageReading:
             line_no = padded.count("\n", 0, m.start() + 1)
             raise PageError("duplicate", f"line {line_no}: series {series.key[0]}{{{label_text}}} appears twice")
         seen.add(series.key)
-        engine, field_ = series.engine, series.field
-        models.setdefault(engine, series.model)
+        lines.append(series)
+        values.append(value)
         if not math.isfinite(value):
             dropped.append(f"{series.key[0]}{{{label_text}}} = {value}")
-            poisoned.add((engine, field_))
-            continue
-        if series.gauge:
-            gauges.setdefault(engine, {})[field_] = value
-        else:
-            per_engine = counters.setdefault(engine, {})
-            per_engine[field_] = per_engine.get(field_, 0.0) + value
-    for engine, field_ in poisoned:
-        gauges.get(engine, {}).pop(field_, None)
-        counters.get(engine, {}).pop(field_, None)
-    for per_engine in (*gauges.values(), *counters.values()):
-        for legacy in [k for k in per_engine if k.startswith(_LEGACY_PREFIX)]:
-            per_engine.setdefault(legacy[len(_LEGACY_PREFIX) :], per_engine.pop(legacy))
-    engines = {
-        engine: EngineReading(
-            engine=engine,
-            model=models.get(engine, ""),
-            running=gauges.get(engine, {}).get("running"),
-            waiting=gauges.get(engine, {}).get("waiting"),
-            kv_usage=gauges.get(engine, {}).get("kv_usage"),
-            counters=counters.get(engine, {}),
-        )
-        for engine in sorted(set(gauges) | set(counters) | set(models))
-    }
+            poisoned.add((series.engine, series.field))
+    layout = _Layout(lines, poisoned)
+    engines = layout.read(values)
+    if engines and not poisoned and len(heads) == len(lines) and all(
+            h.endswith(" ") and _HEADS.get(h[:-1], (None,))[0] is s for h, s in zip(heads, lines, strict=True)):
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[heads] = layout
     # counted only when it is read: a page with none of the wanted series says how many vllm: series it had
     vllm_series = 0 if engines else text.count("\nvllm:") + text.startswith("vllm:")
     return PageReading(engines=engines, vllm_series=vllm_series, dropped=tuple(dropped))
