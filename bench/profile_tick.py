@@ -4,6 +4,7 @@
     .venv/bin/python bench/profile_tick.py --cpu 60     # `watchdog run` at 1 Hz: its CPU, beside the naive watcher
     .venv/bin/python bench/profile_tick.py --cpu 120 --against /tmp/base   # ... and another checkout's service
     .venv/bin/python bench/profile_tick.py --cold 40    # each stage of a pass at 1 Hz, cold, in us
+    .venv/bin/python bench/profile_tick.py --cold 300 --flush-mb 64   # ... with the caches flushed before each pass
 
 The page server (bench/page_server.py) serves the TP=2 page under load with a counter advancing per request.
 ``--passes`` runs the daemon's pass (scrape, judge, report, act, evidence) back to back under cProfile and prints
@@ -159,9 +160,11 @@ def service_cpu(url: str, seconds: float, against: str = "") -> dict[str, float]
             w.stop()
 
 
-def cold_stages(url: str, passes: int) -> dict[str, float]:
+def cold_stages(url: str, passes: int, flush_mb: int = 0) -> dict[str, float]:
     """The daemon's pass once a second, as the service runs it (cold: caches and the CPU idle in between), each
-    stage's thread CPU time in us per pass, in-process."""
+    stage's thread CPU time in us per pass, in-process. With ``flush_mb``, the caches are flushed before each pass
+    (that many MB copied; more than the last-level cache), as an engine busy on every core leaves them: repeatable
+    where the real engine's effect on them varies, and passes can follow each other quickly."""
     import functools
     import statistics
 
@@ -194,8 +197,13 @@ def cold_stages(url: str, passes: int) -> dict[str, float]:
     with in_process_daemon(url) as (d, watcher):
         spent.clear()
         per_pass = []
+        src, dst = bytearray(flush_mb << 20), bytearray(flush_mb << 20)
         for _ in range(passes):
-            time.sleep(1.0)
+            if flush_mb:
+                time.sleep(0.02)
+                dst[:] = src
+            else:
+                time.sleep(1.0)
             t0 = time.thread_time_ns()
             d.one_pass(watcher)
             per_pass.append(time.thread_time_ns() - t0)
@@ -211,6 +219,8 @@ def main() -> int:
     ap.add_argument("--chunked", action="store_true")
     ap.add_argument("--against", default="", help="with --cpu: another checkout's service beside this one")
     ap.add_argument("--cold", type=int, default=0, help="passes at 1 Hz: each stage's CPU in us, cold")
+    ap.add_argument("--flush-mb", type=int, default=0, help="with --cold: flush the caches before each pass instead "
+                    "of waiting a second (64: more than this machine's 32 MB L3)")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     server, url = start_server(args.chunked)
@@ -221,7 +231,8 @@ def main() -> int:
         if args.cpu:
             print(json.dumps(service_cpu(url, args.cpu, args.against), indent=2))
         if args.cold:
-            print(json.dumps(cold_stages(url, args.cold), indent=2) + "  (us of thread CPU per pass, cold)")
+            stages = cold_stages(url, args.cold, args.flush_mb)
+            print(json.dumps(stages, indent=2) + "  (us of thread CPU per pass, cold)")
     finally:
         server.kill()
         server.wait(10)

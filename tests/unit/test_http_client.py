@@ -184,8 +184,9 @@ def test_auth_header_is_sent(server: Server) -> None:
 class Scripted:
     """One kept-alive connection answered from a script, one raw answer per request (the bytes as given)."""
 
-    def __init__(self, answers: list[bytes | None]) -> None:
-        self.answers = answers  # None: read the request, answer nothing (until the test ends)
+    def __init__(self, answers: list[bytes | tuple[bytes, ...] | None]) -> None:
+        # None: read the request, answer nothing (until the test ends); a tuple: its parts sent 50 ms apart
+        self.answers = answers
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.done = threading.Event()
@@ -208,7 +209,10 @@ class Scripted:
                     if answer is None:
                         self.done.wait(30)
                         return
-                    conn.sendall(answer)
+                    for i, part in enumerate(answer if isinstance(answer, tuple) else (answer,)):
+                        if i:
+                            time.sleep(0.05)
+                        conn.sendall(part)
 
     def close(self) -> None:
         self.done.set()
@@ -247,6 +251,61 @@ def test_no_answer_on_the_kept_alive_connection_is_no_answer_once() -> None:
             client.get("/metrics")
         assert err.value.kind == "no_answer" and "sent no response within 1s" in err.value.message
         assert time.monotonic() - started < 1.9, "the read timeout was waited out twice (a fresh connection tried)"
+    finally:
+        client.close()
+        srv.close()
+
+
+def test_a_head_seen_before_is_known_and_every_chunked_shape_still_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scrape's answer (200, chunked, kept alive) comes with the same head each time but its Date: the head read
+    once is known after that, and a body of one chunk is taken in one step. Bodies of other shapes (several chunks,
+    an extension, a trailer, a body sent after the head) and another head still read as the general reader reads
+    them."""
+    def answer(second: int, body: bytes, more: bytes = b"") -> bytes:
+        return (b"HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 01:00:%02d GMT\r\nContent-Type: text/plain\r\n%s"
+                b"Transfer-Encoding: chunked\r\n\r\n%s" % (second, more, body))
+
+    split = answer(5, b"")
+    srv = Scripted([
+        answer(1, b"5\r\nfirst\r\n0\r\n\r\n"),
+        answer(2, b"6\r\nsecond\r\n0\r\n\r\n"),
+        answer(3, b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"),
+        answer(4, b"3;x=y\r\nabc\r\n0\r\n\r\n"),
+        (split, b"b\r\nafter a gap\r\n0\r\n\r\n"),
+        (split, b"3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n"),
+        answer(7, b"4\r\nlast\r\n0\r\n\r\n", b"Connection: close\r\n"),
+    ])
+    parsed: list[bytes] = []
+    parse = PageClient._parse_head
+
+    def counted(raw: bytes, url: str) -> object:
+        parsed.append(raw)
+        return parse(raw, url)
+
+    monkeypatch.setattr(PageClient, "_parse_head", staticmethod(counted))
+    client = PageClient(srv.url, LIMITS)
+    try:
+        bodies = [client.get("/metrics") for _ in range(7)]
+        assert [b.body for b in bodies] == [b"first", b"second", b"abcde", b"abc", b"after a gap", b"abc", b"last"]
+        assert {b.content_type for b in bodies} == {"text/plain"}
+        assert srv.accepted == 1
+        assert len(parsed) == 2, "the head (but its date) read once, then known; the one with Connection: close is new"
+        assert client._sock is None, "Connection: close was honoured: the known head did not stand in for it"
+    finally:
+        client.close()
+        srv.close()
+
+
+def test_a_chunked_body_cut_after_the_head_is_truncated_once_known() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+    srv = Scripted([head + b"2\r\nok\r\n0\r\n\r\n", head])
+    client = PageClient(srv.url, LIMITS)
+    try:
+        assert client.get("/metrics").body == b"ok"
+        srv.done.set()  # the second answer is the head alone, then the connection closes
+        with pytest.raises(HttpFailure) as err:
+            client.get("/metrics")
+        assert err.value.kind == "truncated" and "IncompleteRead(0 bytes read)" in err.value.message
     finally:
         client.close()
         srv.close()

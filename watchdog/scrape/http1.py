@@ -27,6 +27,10 @@ from watchdog.types import NO_ANSWER, HttpLimits
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEADER = re.compile(r"\r\n([^:\r\n]*):([^\r\n]*)")  # each header line after the status line: name, value
 _MAX_HEAD = 65536  # status line and headers; more is not an HTTP server we want to read
+# The one header of a scrape's answer that changes from one answer to the next: without it, a head seen before
+# (status, headers, framing) is known, and its reading is reused (see `PageClient._known_head`)
+_DATE = re.compile(rb"\r\ndate:[^\r\n]*", re.IGNORECASE)
+_KNOWN_MAX = 8
 
 
 class _Head:
@@ -52,6 +56,7 @@ class PageClient:
         self._buf = b""  # bytes read past the last response (none from a well-behaved server)
         self._requests: dict[tuple[str, str], bytes] = {}  # (url, accept) -> the request's bytes, built once
         self._timeout: float | None = None  # the socket's SO_RCVTIMEO/SO_SNDTIMEO as last set
+        self._known: dict[bytes, _Head] = {}  # a head without its Date line -> its reading (200, chunked, kept alive)
 
     # -- the one call ----------------------------------------------------------------------------------
 
@@ -199,7 +204,7 @@ class PageClient:
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
                 head_bytes, self._buf = buf[:end], buf[end + 4:]
-                head = self._parse_head(head_bytes, url)
+                head = self._known_head(head_bytes, url)
                 if 100 <= head.status < 200:  # 100 Continue and friends: the real answer follows
                     buf, self._buf = self._buf, b""
                     continue
@@ -223,6 +228,23 @@ class PageClient:
                                       "inside the HTTP headers")
                 raise Stale
             buf += chunk
+
+    def _known_head(self, raw: bytes, url: str) -> _Head:
+        """The head's reading, reused when the same head (but its Date) was read before. Kept only for a 200 that is
+        chunked and kept alive: its reading is never changed by the body's (a body read to the close changes
+        ``keep_alive``), and nothing reads the date. Measured with the caches flushed before each GET of the
+        filtered page (a busy engine leaves them so), with `BodyReader.one_chunk`: 223-225 us of CPU a GET instead
+        of 248-268; a bare socket's GET, 142-155 us."""
+        key = _DATE.sub(b"", raw)
+        head = self._known.get(key)
+        if head is None:
+            head = self._parse_head(raw, url)
+            chunked = "chunked" in head.headers.get("transfer-encoding", "").lower()
+            if head.status == 200 and head.keep_alive and chunked:
+                if len(self._known) >= _KNOWN_MAX:
+                    self._known.clear()
+                self._known[key] = head
+        return head
 
     @staticmethod
     def _parse_head(raw: bytes, url: str) -> _Head:
@@ -257,7 +279,8 @@ class PageClient:
         self._buf = b""
         try:
             if "chunked" in te:
-                body = reader.chunked()
+                one = reader.one_chunk()
+                body = one if one is not None else reader.chunked()
             elif length_text is not None:
                 try:
                     length = int(length_text)

@@ -8,12 +8,14 @@ into `HttpFailure` kinds and drops the connection.
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 
 from watchdog.scrape.engine_http import HttpFailure
 
 RECV = 65536
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")  # a chunk size with no extension
 
 
 class Broken(Exception):
@@ -100,6 +102,23 @@ class BodyReader:
             size += len(chunk)
             self.check(size)
         return b"".join(chunks)
+
+    def one_chunk(self) -> bytes | None:
+        """The common chunked body in one step: one chunk and the last, nothing after them, all in hand (received
+        here when nothing of the body came with the head, as `chunked` would). None: `chunked` reads it, from what
+        is in ``buf`` now."""
+        if not self.buf:
+            self._fill(1, 0)
+        buf = self.buf
+        eol = buf.find(b"\r\n")
+        if eol < 1 or not buf.endswith(b"\r\n0\r\n\r\n") or _HEX.fullmatch(buf, 0, eol) is None:
+            return None
+        n = int(buf[:eol], 16)
+        if n == 0 or n > self.cap or len(buf) != eol + n + 9:  # size line, chunk, CRLF, "0" CRLF CRLF
+            return None
+        self.buf = b""
+        self.check(n)
+        return buf[eol + 2 : eol + 2 + n]
 
     def chunked(self) -> bytes:
         """Transfer-Encoding: chunked, trailers skipped."""
