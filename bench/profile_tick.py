@@ -207,7 +207,7 @@ def cold_stages(url: str, passes: int, flush_mb: int = 0) -> dict[str, float]:
             t0 = time.thread_time_ns()
             d.one_pass(watcher)
             per_pass.append(time.thread_time_ns() - t0)
-    out = {"one_pass_median_us": round(statistics.median(per_pass) / 1e3)}
+    out: dict[str, float] = {"one_pass_median_us": round(statistics.median(per_pass) / 1e3)}
     out.update({k: round(v / passes / 1e3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])})
     return out
 
