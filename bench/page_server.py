@@ -29,13 +29,10 @@ class Handler(BaseHTTPRequestHandler):
     def _send(self, body: bytes, ctype: str) -> None:
         self.send_response(200)
         self.send_header("Content-Type", ctype)
-        if self.server.chunked:
+        if self.server.chunked:  # as uvicorn answers a body sent whole: the head, then one chunk and the last
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for i in range(0, len(body), 8192):
-                part = body[i:i + 8192]
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
         else:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
