@@ -133,12 +133,13 @@ class TraceWriter:
 
     One ``os.write`` on an ``O_APPEND`` descriptor, its size counted here (no buffered layer asks the kernel where the
     file ends). A record written with ``hold`` (a calm scrape) waits, with the others held, for the next record
-    written without it, a `flush`, or ``hold_seconds``: one write every few seconds while nothing happens (a system
-    call saved on most passes, ~50 us of CPU each when cold, measured); a watchdog killed meanwhile loses at most
-    those seconds of calm."""
+    written without it, a `flush`, or ``hold_seconds``: one write every 30 s while nothing happens; a watchdog killed
+    meanwhile loses at most those seconds of calm. Measured in the service's pass at 1 Hz, cold
+    (bench/profile_tick.py --cold 90, side by side): the trace's share 57 us a pass with 10 s, 26 with 30 s (the
+    batch's write and its first, cold, encoding are paid a third as often)."""
 
     def __init__(self, path: Path, max_bytes: int = 0, header: dict[str, Any] | None = None,
-                 hold_seconds: float = 10.0) -> None:
+                 hold_seconds: float = 30.0) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.hold_seconds = hold_seconds
