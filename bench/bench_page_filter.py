@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_engine import NAIVE  # noqa: E402
-from bench.profile_tick import on_cpu_ns  # noqa: E402
+from bench.profile_tick import on_cpu_ns, service_of  # noqa: E402
 from bench.warm_engine import warm_engine  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.server import VllmServer, free_port  # noqa: E402
@@ -94,11 +94,7 @@ def side_by_side(server: VllmServer, workdir: Path, seconds: float, against: str
     others = [subprocess.Popen([sys.executable, "-c", NAIVE, server.url], start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     if against:
-        (workdir / "against").mkdir()
-        others.append(subprocess.Popen(
-            [sys.executable, "-m", "watchdog", "run", "--url", server.url, "--state-dir", str(workdir / "against"),
-             "--metrics-port", str(free_port())],
-            cwd=against, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        others.append(service_of(against, server.url, workdir / "against"))
     try:
         w.wait_for_state("idle", 60)
         assert w._popen is not None

@@ -120,6 +120,17 @@ def on_cpu_ns(pid: int) -> int:
 SLEEPER = "import time\nwhile True:\n    time.sleep(1)\n"
 
 
+def service_of(tree: str, url: str, state_dir: Path, config_text: str = "") -> subprocess.Popen[bytes]:
+    """`watchdog run` of another checkout (`python -m watchdog` from that tree's root imports that tree's package),
+    in its own session, at its defaults but for ``config_text``: an older commit beside this one in one run."""
+    state_dir.mkdir()
+    (state_dir / "w.toml").write_text(config_text)
+    return subprocess.Popen(
+        [sys.executable, "-m", "watchdog", "run", "--url", url, "--state-dir", str(state_dir),
+         "--config", str(state_dir / "w.toml"), "--metrics-port", str(free_port())],
+        cwd=tree, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def service_cpu(url: str, seconds: float, against: str = "") -> dict[str, float]:
     """The service at defaults (exporter on), the naive watcher and a Python that only sleeps 1 s in a loop (the
     floor), side by side against the same page server; with ``against``, also the service of another checkout (an
@@ -131,13 +142,8 @@ def service_cpu(url: str, seconds: float, against: str = "") -> dict[str, float]
         naive = subprocess.Popen([sys.executable, "-c", NAIVE, url], start_new_session=True)
         sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], start_new_session=True)
         others = [naive, sleeper]
-        if against:  # `python -m watchdog` from that tree's root imports that tree's package
-            (Path(tmp) / "o").mkdir()
-            (Path(tmp) / "o" / "w.toml").write_text("[gpu]\nenabled = false\n")
-            others.append(subprocess.Popen(
-                [sys.executable, "-m", "watchdog", "run", "--url", url, "--state-dir", str(Path(tmp) / "o"),
-                 "--config", str(Path(tmp) / "o" / "w.toml"), "--metrics-port", str(free_port())],
-                cwd=against, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if against:
+            others.append(service_of(against, url, Path(tmp) / "o", "[gpu]\nenabled = false\n"))
         try:
             time.sleep(10)
             assert w._popen is not None
