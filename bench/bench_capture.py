@@ -26,7 +26,7 @@ from tests.harness.engine_env import engine_python  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.models import fast_model  # noqa: E402
 from tests.harness.server import VllmServer  # noqa: E402
-from watchdog.evidence.capture import Capturer, find_pyspy  # noqa: E402
+from watchdog.evidence.collect.capture import Capturer, find_pyspy  # noqa: E402
 
 BUSY = """
 import time

@@ -123,7 +123,7 @@ def capture_cost(server: VllmServer, captures: int) -> dict[str, object]:
     engine under load: generated tokens per second over a window holding one capture, against the window before
     it without one (same length, alternating)."""
     from watchdog.config.load import CaptureSection
-    from watchdog.evidence.capture import Capturer, find_pyspy
+    from watchdog.evidence.collect.capture import Capturer, find_pyspy
 
     gap = CaptureSection().gap
     capturer = Capturer(find_pyspy(), timeout=10)

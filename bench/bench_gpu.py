@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from watchdog.evidence.context import SMI_QUERY
-from watchdog.evidence.gpu_nvml import NvmlSource
+from watchdog.evidence.collect.context import SMI_QUERY
+from watchdog.evidence.gpu.nvml import NvmlSource
 
 NORMAL_INTERVAL = 5.0
 GOAL_CORE_PERCENT = 0.05

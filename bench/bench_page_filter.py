@@ -38,9 +38,9 @@ from bench.warm_engine import warm_engine  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.server import VllmServer, free_port  # noqa: E402
 from tests.harness.watcher import WatchdogProcess  # noqa: E402
+from watchdog.core.types import HttpLimits  # noqa: E402
 from watchdog.scrape.fetch import FILTERED, WHOLE  # noqa: E402
 from watchdog.scrape.http1 import PageClient  # noqa: E402
-from watchdog.types import HttpLimits  # noqa: E402
 
 IGNORED = WHOLE + FILTERED[len(WHOLE) + 1:]  # the same query on the instrumentator's route
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from watchdog.core.types import Scrape
 from watchdog.judge.judge import Judge
 from watchdog.scrape.page import read_page
-from watchdog.types import Scrape
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE_DIRS = (ROOT / "tests" / "data" / "metrics", ROOT.parent / "shared" / "corpus" / "metrics")

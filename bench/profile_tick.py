@@ -59,8 +59,8 @@ def in_process_daemon(url: str) -> Iterator[tuple[Any, Any]]:
     """The daemon with its act stage and trace, in this process, on a watcher already past starting."""
     from watchdog.act.assemble import Act
     from watchdog.config.load import load
-    from watchdog.scrape.trace import TraceWriter
     from watchdog.service.daemon import Daemon
+    from watchdog.service.trace import TraceWriter
     from watchdog.service.watcher import build_watcher
 
     with tempfile.TemporaryDirectory(prefix="profile-tick-") as tmp:
@@ -177,8 +177,8 @@ def cold_stages(url: str, passes: int, flush_mb: int = 0) -> dict[str, float]:
     from watchdog.judge.judge import Judge
     from watchdog.scrape import fetch
     from watchdog.scrape.http1 import PageClient
-    from watchdog.scrape.trace import TraceWriter
     from watchdog.service.daemon import Daemon
+    from watchdog.service.trace import TraceWriter
 
     spent: dict[str, int] = {}
 

@@ -80,7 +80,7 @@ def main() -> int:
     args, rest = ap.parse_known_args()
     if args.as_service:
         cut_down(args.as_service)
-        from watchdog.cli import main as service
+        from watchdog.cli.main import main as service
 
         return service(rest)
     chosen = args.variants.split(",")

@@ -2,10 +2,10 @@
 
     python3 device/run_all.py --out DIR --pyspy PATH
 
-For every scenario: NVML samples through watchdog.evidence.gpu_nvml.NvmlSource (0.5 s apart), py-spy dumps
-(plain JSON, --native JSON, --native text) through watchdog.evidence.capture.Capturer; for the NCCL ones also
+For every scenario: NVML samples through watchdog.evidence.gpu.nvml.NvmlSource (0.5 s apart), py-spy dumps
+(plain JSON, --native JSON, --native text) through watchdog.evidence.collect.capture.Capturer; for the NCCL ones also
 the recorder settings read from /proc/PID/environ, NCCL RAS answers (healthy, during the stall, with the process
-stopped), and Flight Recorder dumps triggered through watchdog.evidence.fr_trigger (healthy and stalled, timed).
+stopped), and Flight Recorder dumps triggered through watchdog.evidence.gpu.fr_trigger (healthy and stalled, timed).
 Writes DIR/results.json and the raw files beside it.
 """
 
@@ -23,10 +23,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from watchdog.evidence.capture import Capturer
-from watchdog.evidence.fr_trigger import config_of, trigger
-from watchdog.evidence.gpu_nvml import NvmlSource
-from watchdog.evidence.nccl_ras import query_ras
+from watchdog.evidence.collect.capture import Capturer
+from watchdog.evidence.gpu.fr_trigger import config_of, trigger
+from watchdog.evidence.gpu.nccl_ras import query_ras
+from watchdog.evidence.gpu.nvml import NvmlSource
 
 PROG = Path(__file__).resolve().parent / "gpu_programs.py"
 

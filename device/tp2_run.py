@@ -127,7 +127,7 @@ def scenario(name: str, root: Path, port: int, fake: bool, pyspy: str) -> dict[s
                 time.sleep(0.1)
             time.sleep(8)
             if not fake:
-                from watchdog.evidence.nccl_ras import query_ras
+                from watchdog.evidence.gpu.nccl_ras import query_ras
                 ras = query_ras(timeout=5.0)
                 (d / "ras-driver.txt").write_text(ras.text)
                 meta["ras_driver"] = {"ok": ras.ok, "error": ras.error, "seconds": ras.seconds}

@@ -1,5 +1,5 @@
 import sys
 
-from watchdog.cli import main
+from watchdog.cli.main import main
 
 sys.exit(main())

@@ -39,7 +39,7 @@ SITE = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
 LAUNCH_PY = f"""\
 import sys
 sys.path[:0] = ["{ALIAS}/src", "{ALIAS}/site-packages"]
-from watchdog.cli import main
+from watchdog.cli.main import main
 sys.exit(main())
 """
 PROGRAM_ARGV = f"{Path(sys.executable).resolve()} {LAUNCHER}" if HIDDEN else PROGRAM

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from watchdog.evidence.findings import PageWork
-from watchdog.evidence.model import Capture, Dump, EngineProcess, ProcFacts
-from watchdog.evidence.roles import Role
+from watchdog.core.processes import Capture, Dump, EngineProcess, ProcFacts
+from watchdog.core.roles import Role
+from watchdog.evidence.explain.findings import PageWork
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "livelock"
 

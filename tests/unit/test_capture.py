@@ -17,7 +17,10 @@ from typing import Any
 import psutil
 import pytest
 
-from watchdog.evidence.capture import (
+from watchdog.core.processes import EngineProcess, Failure
+from watchdog.core.roles import Role
+from watchdog.core.types import Decision
+from watchdog.evidence.collect.capture import (
     MISSING_HINT,
     PTRACE_HINT,
     Capturer,
@@ -26,12 +29,9 @@ from watchdog.evidence.capture import (
     ptrace_scope_note,
     run_argv,
 )
-from watchdog.evidence.findings import assess
-from watchdog.evidence.model import EngineProcess, Failure
-from watchdog.evidence.roles import Role
-from watchdog.evidence.stacks import parse_pyspy_json
+from watchdog.evidence.explain.findings import assess
+from watchdog.evidence.stacks.parse import parse_pyspy_json
 from watchdog.nodes.protocol import dump_from_json, dump_to_json
-from watchdog.types import Decision
 
 PYSPY = "/opt/fake/py-spy"
 SLEEPER = "import time\ndef parked_here():\n    print('ready', flush=True)\n    time.sleep({seconds})\nparked_here()\n"

@@ -20,8 +20,8 @@ import watchdog
 from tests.fakes import FAST, EngineModel, fake_engine, wait_for
 from tests.receiver import Receiver
 from watchdog.act.alerts import Alert, WebhookSink
-from watchdog.cli import clashing_distribution
-from watchdog.evidence.context import engine_versions
+from watchdog.cli.main import clashing_distribution
+from watchdog.evidence.collect.context import engine_versions
 from watchdog.scrape.engine_http import EngineHTTP
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -202,8 +202,8 @@ def test_run_with_an_unusable_state_dir_says_so(tmp_path: Path) -> None:
 # a real `watchdog` process with a bug planted in one command: it raises ValueError from deep inside
 PLANTED_BUG = """
 import sys
-import watchdog.cli as cli
-import watchdog.service.commands as commands
+import watchdog.cli.main as cli
+import watchdog.cli.service as commands
 def replay_with_a_bug(trace, thresholds):
     return int("not a number")
 commands.replay = replay_with_a_bug

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from watchdog.config.load import Config, ConfigError, Secret, load
+from watchdog.core.types import HttpLimits
 from watchdog.judge.track import Thresholds
-from watchdog.types import HttpLimits
 
 SECRET = "sk-very-secret-0123456789"
 

@@ -13,10 +13,10 @@ import pytest
 from tests.fakes import FAST, fake_engine, wait_for
 from watchdog.act.assemble import Act
 from watchdog.config.load import load
+from watchdog.core.types import State
 from watchdog.service import daemon as daemon_module
 from watchdog.service.daemon import Daemon
 from watchdog.service.watcher import build_watcher
-from watchdog.types import State
 
 
 class Report:

@@ -22,11 +22,11 @@ from tests.fakes import EngineModel, fake_engine, wait_for
 from tests.receiver import Receiver
 from tests.unit.test_act_daemon import Daemon, config, freeze
 from watchdog.config.load import Config
+from watchdog.core.types import EngineReading, PageReading, Scrape, State
 from watchdog.judge.judge import Judge
 from watchdog.service import daemon as daemon_module
 from watchdog.service.daemon import Daemon as WatchdogDaemon
 from watchdog.service.watcher import Watcher
-from watchdog.types import EngineReading, PageReading, Scrape, State
 
 # -- one stage raising: the others still run ----------------------------------------------------------------
 

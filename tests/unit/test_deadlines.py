@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.act.commands import cmd_status
 from watchdog.act.state import save_status
+from watchdog.cli.act import cmd_status
 from watchdog.config.load import CaptureSection, Config, JudgeSection, StateSection
-from watchdog.evidence.deadline_read import config_confirm_seconds, read_deadlines, read_settings
-from watchdog.evidence.deadlines import ProcessSettings, confirm_seconds, lines, report
-from watchdog.evidence.model import EngineProcess
-from watchdog.evidence.roles import Role
+from watchdog.core.processes import EngineProcess
+from watchdog.core.roles import Role
+from watchdog.evidence.collect.deadline_read import config_confirm_seconds, read_deadlines, read_settings
+from watchdog.evidence.collect.deadlines import ProcessSettings, confirm_seconds, lines, report
 
 
 def proc(env: dict[str, str] | None = None, argv: list[str] | None = None, pid: int = 10,

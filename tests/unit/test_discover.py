@@ -16,9 +16,9 @@ from typing import Any, cast
 import psutil
 import pytest
 
-from watchdog.evidence.discover import discover, server_for_port
-from watchdog.evidence.model import EngineProcess
-from watchdog.evidence.roles import parse_title
+from watchdog.core.processes import EngineProcess
+from watchdog.core.roles import parse_title
+from watchdog.evidence.collect.discover import discover, server_for_port
 
 SLEEP = "import time; time.sleep(30)"
 

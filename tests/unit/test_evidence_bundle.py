@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from watchdog.evidence import bundle
-from watchdog.evidence.bundle import BundleError, BundleHeader, list_bundles, prune, write_bundle
-from watchdog.evidence.capture import PTRACE_HINT
-from watchdog.evidence.context import RING_WARNING, Context, LogSource, gather, log_tail
-from watchdog.evidence.explain import Cls, Status
-from watchdog.evidence.findings import Findings, assess
-from watchdog.evidence.model import Capture, Dump, EngineProcess, Failure, ProcFacts
+from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, ProcFacts
+from watchdog.core.types import Decision, incident_id
+from watchdog.evidence.bundle import write as bundle
+from watchdog.evidence.bundle.write import BundleError, BundleHeader, list_bundles, prune, write_bundle
+from watchdog.evidence.collect.capture import PTRACE_HINT
+from watchdog.evidence.collect.context import RING_WARNING, Context, LogSource, gather, log_tail
+from watchdog.evidence.explain.findings import Findings, assess
+from watchdog.evidence.explain.ranks import Cls, Status
 from watchdog.scrape.engine_http import EngineHTTP
-from watchdog.types import Decision, incident_id
 
 ROOT = Path(__file__).resolve().parents[2]
 DUMPS = ROOT / "tests" / "data" / "dumps"
@@ -151,7 +151,7 @@ def by_pid(f: Findings) -> dict[int, Any]:
 
 
 def test_template_format_is_what_the_parser_reads() -> None:
-    from watchdog.evidence.stacks import parse_pyspy_json
+    from watchdog.evidence.stacks.parse import parse_pyspy_json
 
     ps = parse_pyspy_json(json.loads(pyspy_json(102, WORKER_ALLREDUCE)))
     assert ps.pid == 102 and [t.name for t in ps.threads] == ["DeathPipeMonitor", "MainThread"]
@@ -434,7 +434,8 @@ def _closed_port() -> int:
 
 
 def test_log_tail_from_file_and_ring_warnings_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("watchdog.evidence.context.shutil.which", lambda name: None)  # no nvidia-smi: no GPU state
+    # no nvidia-smi: no GPU state
+    monkeypatch.setattr("watchdog.evidence.collect.context.shutil.which", lambda name: None)
     log = tmp_path / "vllm.log"
     warn = f"INFO 05-01 10:0{{}}:00 [shm_broadcast.py:466] {RING_WARNING} in 60 seconds. This typically happens ..."
     lines = [warn.format(0), "INFO something else", warn.format(1), warn.format(2), "INFO tail", warn.format(3)]
@@ -451,7 +452,7 @@ def test_log_tail_from_file_and_ring_warnings_counted(tmp_path: Path, monkeypatc
 
 
 def test_log_tail_missing_file_is_a_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("watchdog.evidence.context.shutil.which", lambda name: None)
+    monkeypatch.setattr("watchdog.evidence.collect.context.shutil.which", lambda name: None)
     missing = tmp_path / "gone.log"
     text, where, problem = log_tail(LogSource(file=str(missing)))
     assert (text, where) == ("", str(missing))
@@ -461,7 +462,7 @@ def test_log_tail_missing_file_is_a_problem(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_log_tail_from_journal_and_docker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("watchdog.evidence.context.shutil.which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("watchdog.evidence.collect.context.shutil.which", lambda name: f"/usr/bin/{name}")
     journal = Runner(out=f"2025-05-01T10:00:00 host vllm[1]: {RING_WARNING}\n")
     text, where, problem = log_tail(LogSource(journal_unit="vllm.service", lines=50), journal, timeout=4)
     assert journal.calls == [(["journalctl", "-u", "vllm.service", "-n", "50", "--no-pager", "-o", "short-iso"], 4)]
@@ -473,7 +474,7 @@ def test_log_tail_from_journal_and_docker(monkeypatch: pytest.MonkeyPatch) -> No
     failing = Runner(rc=1, err="Error: No such container: vllm-0\n")
     _, _, problem = log_tail(LogSource(docker_container="vllm-0"), failing)
     assert problem == "docker logs --tail failed (exit 1): Error: No such container: vllm-0"
-    monkeypatch.setattr("watchdog.evidence.context.shutil.which", lambda name: None)
+    monkeypatch.setattr("watchdog.evidence.collect.context.shutil.which", lambda name: None)
     unused = Runner()
     assert log_tail(LogSource(journal_unit="x"), unused)[2] == "journalctl is not installed: no engine log"
     assert unused.calls == []

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.evidence.explain import Cls, ProcessExplanation, Status, classify, cross_rank, poll_parking
-from watchdog.evidence.roles import Role
-from watchdog.evidence.stacks import ProcessStack, parse_any, parse_pyspy_json, parse_text
+from watchdog.core.roles import Role
+from watchdog.evidence.explain.ranks import Cls, ProcessExplanation, Status, classify, cross_rank, poll_parking
+from watchdog.evidence.stacks.parse import ProcessStack, parse_any, parse_pyspy_json, parse_text
 
 DUMPS = Path(__file__).resolve().parents[1] / "data" / "dumps"
 

@@ -13,8 +13,8 @@ import requests
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from watchdog.core.types import PageReading, Scrape, State, Verdict
 from watchdog.service.exporter import Exporter
-from watchdog.types import PageReading, Scrape, State, Verdict
 
 
 def samples(e: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from watchdog.evidence.explain import Cls, ProcessExplanation, classify
-from watchdog.evidence.stacks import Frame, ProcessStack, parse_any, parse_text
+from watchdog.evidence.explain.ranks import Cls, ProcessExplanation, classify
+from watchdog.evidence.stacks.parse import Frame, ProcessStack, parse_any, parse_text
 
 DUMPS = Path(__file__).resolve().parents[1] / "data" / "dumps"
 

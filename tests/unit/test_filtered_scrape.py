@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from watchdog.core.types import HttpLimits
 from watchdog.scrape.fetch import FILTERED, RECHECK, WHOLE, MetricsFetcher
 from watchdog.scrape.page import WANTED_SAMPLES, read_page
-from watchdog.types import HttpLimits
 
 pytestmark = pytest.mark.timeout(60)
 

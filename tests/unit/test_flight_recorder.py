@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.evidence.flight_recorder import (
+from watchdog.evidence.gpu.flight_recorder import (
     BYPASS_NOTE,
     DumpError,
     cross_rank_fr,
@@ -19,7 +19,7 @@ from watchdog.evidence.flight_recorder import (
     parse_environ,
     summarize,
 )
-from watchdog.evidence.fr_trigger import config_of, trigger
+from watchdog.evidence.gpu.fr_trigger import config_of, trigger
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.evidence.gpu import (
+from watchdog.core.processes import EngineProcess
+from watchdog.core.roles import Role
+from watchdog.evidence.gpu.nvml import FakeGpuSource, GpuMonitor, gpu_availability
+from watchdog.evidence.gpu.readings import (
     GpuSample,
     GpuState,
     GpuThresholds,
@@ -19,9 +22,6 @@ from watchdog.evidence.gpu import (
     sample_from_json,
     summary_line,
 )
-from watchdog.evidence.gpu_nvml import FakeGpuSource, GpuMonitor, gpu_availability
-from watchdog.evidence.model import EngineProcess
-from watchdog.evidence.roles import Role
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 SAMPLES = json.loads((DATA / "nvml-samples.json").read_text())
@@ -134,7 +134,7 @@ def test_gather_and_write_gpu_evidence(tmp_path: Path) -> None:
     import socket
 
     from watchdog.config.gpu import GpuSection
-    from watchdog.evidence.gpu_evidence import gather_gpu, write_gpu_files
+    from watchdog.evidence.gpu.gather import gather_gpu, write_gpu_files
 
     samples = _samples("nccl2", 0) + _samples("nccl2", 1)
     t0, t1 = min(s.t for s in samples), max(s.t for s in samples)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from tests.unit.test_evidence_bundle import ENGINE, TP0, TP1, context, incident, stuck_capture
 from watchdog.config.gpu import GpuSection
-from watchdog.evidence.bundle import write_bundle
-from watchdog.evidence.findings import assess
-from watchdog.evidence.gpu import GpuProc, GpuSample, sample_from_json
-from watchdog.evidence.gpu_evidence import gather_gpu
-from watchdog.evidence.gpu_nvml import FakeGpuSource, GpuMonitor
+from watchdog.evidence.bundle.write import write_bundle
+from watchdog.evidence.explain.findings import assess
+from watchdog.evidence.gpu.gather import gather_gpu
+from watchdog.evidence.gpu.nvml import FakeGpuSource, GpuMonitor
+from watchdog.evidence.gpu.readings import GpuProc, GpuSample, sample_from_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 
@@ -64,9 +64,9 @@ def test_no_gpu_no_gpu_section(tmp_path: Path) -> None:
 
 def test_the_daemon_exports_and_traces_gpu_samples_and_replay_skips_them(tmp_path: Path) -> None:
     from watchdog.config.load import Config
-    from watchdog.scrape.trace import TraceWriter, read_trace
+    from watchdog.core.types import Scrape
     from watchdog.service.daemon import Daemon
-    from watchdog.types import Scrape
+    from watchdog.service.trace import TraceWriter, read_trace
 
     rounds = two_rank_hang()
     d = Daemon(Config(), tmp_path)
@@ -92,8 +92,8 @@ def test_engine_processes_holding_a_gpu_get_a_native_dump_beside_the_rounds(tmp_
     plain rounds that decide (native frames churn inside a wait: compared, they would read as movement)."""
     from tests.unit.test_evidence_bundle import ENGINE_WAITING, WORKER_ALLREDUCE, pyspy_json
     from watchdog.config.load import Config
-    from watchdog.evidence.capture import Capturer
-    from watchdog.evidence.investigate import Investigator
+    from watchdog.evidence.bundle.investigate import Investigator
+    from watchdog.evidence.collect.capture import Capturer
     from watchdog.scrape.engine_http import EngineHTTP
 
     native_tp1 = json.loads((DATA / "spin-pyspy-native.json").read_text())  # a real host blocked in a device sync
@@ -136,10 +136,10 @@ def test_configured_recorder_prefixes_stand_in_for_an_environ_setproctitle_overw
     import sys
     import threading
 
-    from watchdog.evidence.fr_trigger import trigger
-    from watchdog.evidence.gpu_evidence import _fr_configs
-    from watchdog.evidence.model import EngineProcess
-    from watchdog.evidence.roles import Role
+    from watchdog.core.processes import EngineProcess
+    from watchdog.core.roles import Role
+    from watchdog.evidence.gpu.fr_trigger import trigger
+    from watchdog.evidence.gpu.gather import _fr_configs
 
     pipe_prefix, dump_prefix = str(tmp_path / "pipe_"), str(tmp_path / "fr_")
     os.mkfifo(pipe_prefix + "0.pipe")

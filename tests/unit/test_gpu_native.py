@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.evidence.explain import Cls, classify
-from watchdog.evidence.frames import Frame, ProcessStack, ThreadStack
-from watchdog.evidence.roles import Role
-from watchdog.evidence.stacks import parse_pyspy_json
+from watchdog.core.roles import Role
+from watchdog.evidence.explain.ranks import Cls, classify
+from watchdog.evidence.stacks.frames import Frame, ProcessStack, ThreadStack
+from watchdog.evidence.stacks.parse import parse_pyspy_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 

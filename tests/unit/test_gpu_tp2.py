@@ -6,13 +6,13 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from watchdog.evidence.explain import classify
-from watchdog.evidence.frame_rules import _main
-from watchdog.evidence.gpu import GpuState, read_all, sample_from_json
-from watchdog.evidence.gpu_culprit import RankView, gpu_culprit
-from watchdog.evidence.nccl_ras import parse_ras
-from watchdog.evidence.roles import ranks_of
-from watchdog.evidence.stacks import parse_pyspy_json
+from watchdog.core.roles import ranks_of
+from watchdog.evidence.explain.frame_rules import _main
+from watchdog.evidence.explain.ranks import classify
+from watchdog.evidence.gpu.culprit import RankView, gpu_culprit
+from watchdog.evidence.gpu.nccl_ras import parse_ras
+from watchdog.evidence.gpu.readings import GpuState, read_all, sample_from_json
+from watchdog.evidence.stacks.parse import parse_pyspy_json
 
 RUN = Path(__file__).resolve().parent.parent / "data" / "gpu-tp2" / "run1"
 WEDGE1 = next((RUN / "wedge1" / "state" / "incidents").iterdir())

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from watchdog.core.types import HttpLimits
 from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 from watchdog.scrape.fetch import MetricsFetcher
 from watchdog.scrape.http1 import PageClient
-from watchdog.types import HttpLimits
 
 pytestmark = pytest.mark.timeout(120)
 

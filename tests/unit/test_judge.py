@@ -6,9 +6,7 @@ import itertools
 
 import pytest
 
-from watchdog.judge.judge import SERVER, Judge, worst
-from watchdog.judge.track import Thresholds
-from watchdog.types import (
+from watchdog.core.types import (
     Decision,
     EngineReading,
     PageReading,
@@ -18,6 +16,8 @@ from watchdog.types import (
     StackEvidence,
     State,
 )
+from watchdog.judge.judge import SERVER, Judge, worst
+from watchdog.judge.track import Thresholds
 
 TH = Thresholds(suspect_after=15, stall_window=40, probe_interval=30, probe_retry=5)
 

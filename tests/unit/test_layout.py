@@ -15,19 +15,19 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "watchdog"
 
 PURE = (
-    "watchdog.types",
+    "watchdog.core.types",
     "watchdog.judge.judge",
     "watchdog.judge.track",
     "watchdog.scrape.page",
-    "watchdog.evidence.model",
-    "watchdog.evidence.roles",
-    "watchdog.evidence.stacks",
-    "watchdog.evidence.explain",
-    "watchdog.evidence.findings",
-    "watchdog.evidence.deadlines",
-    "watchdog.evidence.gpu_culprit",
+    "watchdog.core.processes",
+    "watchdog.core.roles",
+    "watchdog.evidence.stacks.parse",
+    "watchdog.evidence.explain.ranks",
+    "watchdog.evidence.explain.findings",
+    "watchdog.evidence.collect.deadlines",
+    "watchdog.evidence.gpu.culprit",
     "watchdog.act.policy",
-    "watchdog.act.restart_plan",
+    "watchdog.config.restart_plan",
 )
 # Modules (or their parents) that do I/O, keep time or hand out randomness.
 IO = ("requests", "urllib3", "urllib.request", "http", "socket", "ssl", "subprocess", "psutil", "pynvml", "systemd",
@@ -82,7 +82,7 @@ def test_pure_modules_reach_no_io(name: str) -> None:
 
 def test_the_check_sees_io_when_it_is_there() -> None:
     """The checker itself must be able to fail: modules known to do I/O are flagged by the same rule."""
-    for name in ("watchdog.scrape.fetch", "watchdog.evidence.capture", "watchdog.service.daemon"):
+    for name in ("watchdog.scrape.fetch", "watchdog.evidence.collect.capture", "watchdog.service.daemon"):
         assert any(dep.split(".")[0] in IO for dep in reach(name)), name
 
 
@@ -95,7 +95,7 @@ def test_every_stage_is_a_subpackage_and_modules_stay_small() -> None:
 
 
 def test_one_role_vocabulary() -> None:
-    """Process roles are spelled in watchdog/evidence/roles.py only: no module keeps its own table of role names."""
+    """Process roles are spelled in watchdog/core/roles.py only: no module keeps its own table of role names."""
     spelled = []
     for p in PACKAGE.rglob("*.py"):
         if p.name == "roles.py":

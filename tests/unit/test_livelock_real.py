@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.livelock_data import DATA, load
-from watchdog.evidence.explain import Cls
-from watchdog.evidence.findings import StuckKind, assess
+from watchdog.core.types import Decision, State
+from watchdog.evidence.explain.findings import StuckKind, assess
+from watchdog.evidence.explain.ranks import Cls
 from watchdog.judge.track import Thresholds
-from watchdog.scrape.trace import read_trace, replay
-from watchdog.types import Decision, State
+from watchdog.service.trace import read_trace, replay
 
 QUICK = Thresholds(suspect_after=5.0, stall_window=15.0, probe_interval=0.0)
 

@@ -24,10 +24,10 @@ import pytest
 from tests.harness.sshnode import SshNode
 from tests.unit.test_layout import IO, reach
 from watchdog.config.load import Config, load
-from watchdog.evidence.context import RING_WARNING, Context
-from watchdog.evidence.model import Capture, Dump, EngineProcess
-from watchdog.evidence.per_node import node_lines, per_node
-from watchdog.evidence.roles import Role
+from watchdog.core.processes import Capture, Dump, EngineProcess
+from watchdog.core.roles import Role
+from watchdog.evidence.bundle.per_node import node_lines, per_node
+from watchdog.evidence.collect.context import RING_WARNING, Context
 from watchdog.nodes.protocol import LogRefused, ProtocolError, choose_log
 from watchdog.nodes.remote import RemoteEvidence
 
@@ -166,7 +166,7 @@ def test_dump_json_says_per_node_what_was_captured(node: SshNode, tmp_path: Path
 
 
 def test_per_node_is_pure_and_names_what_is_missing() -> None:
-    bad = {dep for dep in reach("watchdog.evidence.per_node") if dep.split(".")[0] in IO or dep in IO}
+    bad = {dep for dep in reach("watchdog.evidence.bundle.per_node") if dep.split(".")[0] in IO or dep in IO}
     assert not bad
     local = EngineProcess(11, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})
     remote = EngineProcess((1 << 23) | 7, Role.WORKER, "VLLM::Worker_TP1 on node w1", {"TP": 1}, node="w1",

@@ -24,12 +24,12 @@ from tests.unit.test_evidence_bundle import (
 )
 from watchdog.act.shm_sweep import LocalShm, NodeShm
 from watchdog.config.nodes import MAX_LOG_LINES, NodeSection, check_nodes
-from watchdog.evidence.findings import PageWork, assess
-from watchdog.evidence.model import Capture, EngineProcess
-from watchdog.evidence.roles import Role
+from watchdog.core.processes import Capture, EngineProcess
+from watchdog.core.roles import Role
+from watchdog.core.types import Decision
+from watchdog.evidence.explain.findings import PageWork, assess
 from watchdog.nodes.remote import KEY_SHIFT, NodeCapture, merge
 from watchdog.nodes.transport import NodeError
-from watchdog.types import Decision
 
 HEAD = (API, ENGINE, TP0)  # the head's processes; Worker_TP1 runs on the other node
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from watchdog.core.types import EngineReading, PageReading
 from watchdog.scrape import page as page_module
 from watchdog.scrape.page import COUNTERS, DEFAULT_ENGINE, GAUGES, PageError, read_page
-from watchdog.types import EngineReading, PageReading
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "metrics"

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.act.commands import parse_duration, status_of
 from watchdog.act.policy import Budget, Choice, choose
 from watchdog.act.state import (
     Control,
@@ -20,6 +19,7 @@ from watchdog.act.state import (
     save_memory,
     save_status,
 )
+from watchdog.cli.act import parse_duration, status_of
 from watchdog.config.load import load
 
 B = Budget(budget=3, window=3600.0, backoff_initial=60.0, backoff_max=900.0)

@@ -14,7 +14,7 @@ from watchdog.act.respond import CONTROL_CALM_EVERY, Responder
 from watchdog.act.state import Control, Incident, Memory, save_control, save_memory
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import Config, load
-from watchdog.types import State, Verdict
+from watchdog.core.types import State, Verdict
 
 T0 = 1_800_000_000.0
 

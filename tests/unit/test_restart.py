@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from watchdog.act.restart import OUTPUT_TAIL_BYTES, LocalRunner, Restarter, RunResult
-from watchdog.act.restart_plan import describe, docker_stop_time, plan
 from watchdog.config.act import RestartSection, StepSection
+from watchdog.config.restart_plan import describe, docker_stop_time, plan
 
 SYSTEMCTL = ("systemctl", "--no-ask-password")
 

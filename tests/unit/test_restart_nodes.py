@@ -15,16 +15,16 @@ import pytest
 from tests.unit.test_respond import Harness, config
 from watchdog.act.recovery import Progress, RecoveryDone
 from watchdog.act.restart import Restarter, RestartOutcome, RunResult, ShmReport
-from watchdog.act.restart_plan import plan, shm_check_at
 from watchdog.act.shm_sweep import LocalShm, NodeShm
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import ConfigError, load
 from watchdog.config.nodes import NodeSection
-from watchdog.evidence.model import EngineProcess
-from watchdog.evidence.roles import Role
+from watchdog.config.restart_plan import plan, shm_check_at
+from watchdog.core.processes import EngineProcess
+from watchdog.core.roles import Role
+from watchdog.core.types import State
 from watchdog.nodes.ranks import RankTracker
 from watchdog.nodes.transport import NodeError
-from watchdog.types import State
 
 
 def node(name: str, pre_start: tuple[str, ...] = (), timeout: float = 120.0) -> NodeSection:
@@ -306,9 +306,9 @@ def test_a_rank_gone_is_looked_for_again_every_few_seconds_not_only_every_redisc
 
 
 def test_a_lost_rank_names_itself_first_in_a_down_the_head_saw_too() -> None:
+    from watchdog.core.types import Verdict
     from watchdog.nodes.liveness import NodeView, overlay
     from watchdog.nodes.protocol import RankState
-    from watchdog.types import Verdict
 
     lost = NodeView("w1", "rank_lost", "VLLM::Worker_TP1 (pid 15) exited on node w1",
                     (RankState(15, "VLLM::Worker_TP1", "worker", "gone"),))
@@ -321,8 +321,8 @@ def test_a_lost_rank_names_itself_first_in_a_down_the_head_saw_too() -> None:
 
 
 def test_a_node_not_seen_makes_a_frozen_engine_blind_too_never_an_incident() -> None:
+    from watchdog.core.types import Verdict
     from watchdog.nodes.liveness import NodeView, overlay
-    from watchdog.types import Verdict
 
     blind = NodeView("w1", "blind", "cannot see node w1: no liveness report for 6s")
     frozen = Verdict("0", State.FROZEN, "stacks confirm: every rank parked", 10.0, 12.0)

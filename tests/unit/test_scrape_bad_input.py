@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from watchdog.core.types import HttpLimits, Scrape, State, Verdict, base_url
 from watchdog.judge.judge import SERVER, Judge
 from watchdog.scrape.fetch import FILTERED, MetricsFetcher
-from watchdog.types import HttpLimits, Scrape, State, Verdict, base_url
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from watchdog.act.restart import LocalRunner
-from watchdog.childenv import OURS_ALONE, child_env
-from watchdog.evidence.capture import Capturer, run_argv
-from watchdog.evidence.context import LogSource, log_tail
+from watchdog.evidence.collect.capture import Capturer, run_argv
+from watchdog.evidence.collect.context import LogSource, log_tail
+from watchdog.host.childenv import OURS_ALONE, child_env
 from watchdog.service.sdnotify import Notifier, notify_address, watchdog_interval
 
 SHOWN = (*OURS_ALONE, "WD_TEST_MARKER")

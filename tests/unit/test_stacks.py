@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.evidence.stacks import (
+from watchdog.evidence.stacks.parse import (
     SOURCES,
     Frame,
     ProcessStack,

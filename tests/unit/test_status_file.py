@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.act.state import load_status
+from watchdog.core.types import State, Verdict
 from watchdog.service.status_file import STATUS_CALM_EVERY, STATUS_EVERY, STATUS_TOUCH_EVERY, StatusFile
-from watchdog.types import State, Verdict
 
 WALL = 1_800_000_000.0
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.scrape.trace import TraceWriter, read_trace
-from watchdog.types import EngineReading, PageReading, ProbeStarted, Scrape
+from watchdog.core.types import EngineReading, PageReading, ProbeStarted, Scrape
+from watchdog.service.trace import TraceWriter, read_trace
 
 
 def scrape(t: float) -> Scrape:

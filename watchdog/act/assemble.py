@@ -18,14 +18,14 @@ from watchdog.act.heartbeat import Heartbeat
 from watchdog.act.recovery import RecoveryRunner
 from watchdog.act.respond import Responder
 from watchdog.act.restart import LocalRunner, Restarter, RestartOutcome
-from watchdog.act.restart_plan import describe
 from watchdog.act.shm_sweep import sweepers
 from watchdog.config.load import Config, Secret
+from watchdog.config.restart_plan import describe
+from watchdog.core.types import State, Verdict, base_url, incident_id
 from watchdog.nodes.remote import node_runners
 from watchdog.nodes.transport import NodeLink
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.probe import generate_once
-from watchdog.types import State, Verdict, base_url, incident_id
 
 log = logging.getLogger(__name__)
 

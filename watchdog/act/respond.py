@@ -32,7 +32,7 @@ from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
 from watchdog.act.restart import RestartOutcome
 from watchdog.act.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
 from watchdog.config.load import Config
-from watchdog.types import State, Verdict, base_url, calm, incident_id
+from watchdog.core.types import State, Verdict, base_url, calm, incident_id
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Act: run the configured restart steps in order, each command with what is left of its step's timeout.
 
-The commands and their order come from `watchdog.act.restart_plan` (pure; its docstring has the rules).
+The commands and their order come from `watchdog.config.restart_plan` (pure; its docstring has the rules).
 
 The /dev/shm check (`Restarter` with ``sweepers``, one per node, local too), where `restart_plan.shm_check_at`
 puts it: after the last stop step and before the first starting command, or after the last step when nothing
@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 
-from watchdog.act.restart_plan import SHM_SKIPPED, argv_for, plan, secs, shm_check_at
-from watchdog.childenv import child_env
 from watchdog.config.act import RestartSection
 from watchdog.config.nodes import NodeSection
+from watchdog.config.restart_plan import SHM_SKIPPED, argv_for, plan, secs, shm_check_at
+from watchdog.host.childenv import child_env
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any
 from watchdog.config.act import AlertsSection, RestartSection, SinkSection, StepSection, check_alerts, check_restart
 from watchdog.config.gpu import GpuSection, check_gpu
 from watchdog.config.nodes import NodeSection, check_nodes, node_names
+from watchdog.core.types import HttpLimits, base_url
 from watchdog.judge.track import Thresholds
-from watchdog.types import HttpLimits, base_url
 
 
 class ConfigError(Exception):

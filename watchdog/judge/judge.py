@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from watchdog.judge.track import ProbeTrack, Thresholds, Track
-from watchdog.types import (
+from watchdog.core.types import (
     DOWN_KINDS,
     NO_ANSWER,
     SERVING_COUNTERS,
@@ -38,6 +37,7 @@ from watchdog.types import (
     Transition,
     Verdict,
 )
+from watchdog.judge.track import ProbeTrack, Thresholds, Track
 
 SERVER = "server"  # the pseudo-engine that carries verdicts before any engine has been seen
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from watchdog.types import ProbeStarted, StackEvidence, Verdict
+from watchdog.core.types import ProbeStarted, StackEvidence, Verdict
 
 
 @dataclass(frozen=True, slots=True)

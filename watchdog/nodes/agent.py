@@ -23,9 +23,9 @@ from watchdog import __version__
 from watchdog.act.restart import LocalRunner
 from watchdog.config.load import ConfigError
 from watchdog.config.nodes import MAX_LOG_LINES
-from watchdog.evidence.capture import Capturer, find_pyspy
-from watchdog.evidence.context import LogSource, installed_versions, log_tail
-from watchdog.evidence.discover import discover
+from watchdog.evidence.collect.capture import Capturer, find_pyspy
+from watchdog.evidence.collect.context import LogSource, installed_versions, log_tail
+from watchdog.evidence.collect.discover import discover
 from watchdog.nodes.agent_config import DEFAULT_PATH, AgentConfig, load_agent_config, normal
 from watchdog.nodes.protocol import (
     MAX_REQUEST_BYTES,

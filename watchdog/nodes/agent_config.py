@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from watchdog.act.restart_plan import plan
 from watchdog.config.act import RestartSection, StepSection, check_restart
 from watchdog.config.load import ConfigError, _section, _tname
+from watchdog.config.restart_plan import plan
 
 DEFAULT_PATH = "/etc/engine-watchdog/agent.toml"
 

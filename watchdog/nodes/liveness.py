@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from watchdog.evidence.roles import ENGINE_ROLES
+from watchdog.core.roles import ENGINE_ROLES
+from watchdog.core.types import State, Verdict
 from watchdog.nodes.protocol import RankState
-from watchdog.types import State, Verdict
 
 
 @dataclass(frozen=True, slots=True)

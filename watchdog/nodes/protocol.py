@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.evidence.model import Capture, Dump, EngineProcess, Failure, ProcFacts
-from watchdog.evidence.roles import Role
+from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, ProcFacts
+from watchdog.core.roles import Role
 
 PROTOCOL = 1
 VERBS = ("version", "list", "stacks", "context", "liveness", "run", "shm")

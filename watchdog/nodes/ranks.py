@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from watchdog.evidence.model import EngineProcess
+from watchdog.core.processes import EngineProcess
 from watchdog.nodes.protocol import RANK_STATES
 
 CAP_SYS_PTRACE = 19

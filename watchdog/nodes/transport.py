@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from watchdog.childenv import child_env
 from watchdog.config.nodes import NodeSection
+from watchdog.host.childenv import child_env
 from watchdog.nodes.protocol import ProtocolError, parse_answer
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import requests
 import urllib3
 
-from watchdog.types import NO_ANSWER, HttpLimits, base_url
+from watchdog.core.types import NO_ANSWER, HttpLimits, base_url
 
 log = logging.getLogger(__name__)
 

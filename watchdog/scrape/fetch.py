@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlencode
 
+from watchdog.core.types import NO_ANSWER, HttpLimits, PageReading, Scrape
 from watchdog.scrape.engine_http import LOST, EngineHTTP, HttpFailure
 from watchdog.scrape.http1 import PageClient
 from watchdog.scrape.page import WANTED_SAMPLES, PageError, read_page
-from watchdog.types import NO_ANSWER, HttpLimits, PageReading, Scrape
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import struct
 import time
 from urllib.parse import urljoin, urlsplit
 
+from watchdog.core.types import NO_ANSWER, HttpLimits
 from watchdog.scrape.engine_http import LOST, HttpFailure, Reply, short
 from watchdog.scrape.http1_body import BodyReader, Broken, Stale, recv, send
-from watchdog.types import NO_ANSWER, HttpLimits
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEADER = re.compile(r"\r\n([^:\r\n]*):([^\r\n]*)")  # each header line after the status line: name, value

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import TypeVar
 
-from watchdog.types import EngineReading, PageReading
+from watchdog.core.types import EngineReading, PageReading
 
 # Gauges the judgement reads, with the older spelling mapped onto the current one.
 GAUGES: Mapping[str, str] = {

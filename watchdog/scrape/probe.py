@@ -18,8 +18,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from watchdog.core.types import NO_ANSWER, ProbeFinished, ProbeStarted
 from watchdog.scrape.engine_http import LOST, EngineHTTP, HttpFailure
-from watchdog.types import NO_ANSWER, ProbeFinished, ProbeStarted
 
 log = logging.getLogger(__name__)
 

@@ -25,20 +25,30 @@ from typing import Any
 from watchdog.act.assemble import Act
 from watchdog.act.state import iso
 from watchdog.config.load import Config
-from watchdog.evidence.coordinator import EvidenceCoordinator
-from watchdog.evidence.deadline_read import read_deadlines
-from watchdog.evidence.gpu_nvml import GpuMonitor, NvmlSource
-from watchdog.evidence.investigate import EvidenceRunner, Investigator
+from watchdog.core.types import (
+    Observation,
+    ProbeFinished,
+    Scrape,
+    State,
+    Transition,
+    Verdict,
+    base_url,
+    calm,
+    incident_id,
+)
+from watchdog.evidence.bundle.coordinator import EvidenceCoordinator
+from watchdog.evidence.bundle.investigate import EvidenceRunner, Investigator
+from watchdog.evidence.collect.deadline_read import read_deadlines
+from watchdog.evidence.gpu.nvml import GpuMonitor, NvmlSource
 from watchdog.nodes.liveness import overlay
 from watchdog.nodes.watch import NodeWatch
 from watchdog.scrape.engine_http import EngineHTTP
-from watchdog.scrape.trace import TraceWriter
 from watchdog.service.events import EventLog, log_transition, transition_record
 from watchdog.service.exporter import Exporter
 from watchdog.service.sdnotify import Notifier
 from watchdog.service.status_file import StatusFile
+from watchdog.service.trace import TraceWriter
 from watchdog.service.watcher import ObservationSink, Watcher, build_watcher
-from watchdog.types import Observation, ProbeFinished, Scrape, State, Transition, Verdict, base_url, calm, incident_id
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from watchdog.act.state import iso
-from watchdog.types import State, Transition
+from watchdog.core.types import State, Transition
 
 log = logging.getLogger(__name__)
 

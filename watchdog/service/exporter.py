@@ -15,8 +15,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from watchdog.evidence.gpu import GpuSample
-from watchdog.types import ProbeFinished, Scrape, State, Transition, Verdict
+from watchdog.core.types import ProbeFinished, Scrape, State, Transition, Verdict
+from watchdog.evidence.gpu.readings import GpuSample
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.act.state import save_status, touch_status
-from watchdog.types import Verdict, calm
+from watchdog.core.types import Verdict, calm
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from watchdog.config.load import Config
-from watchdog.evidence.discover import server_for_port
+from watchdog.core.types import Observation, ProbeFinished, ProbeStarted, Scrape, ServerProcess, Transition
+from watchdog.evidence.collect.discover import server_for_port
 from watchdog.judge.judge import Judge
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.fetch import MetricsFetcher
 from watchdog.scrape.probe import Prober
-from watchdog.types import Observation, ProbeFinished, ProbeStarted, Scrape, ServerProcess, Transition
 
 
 class Fetcher(Protocol):

@@ -27,7 +27,7 @@ from tests.harness.load import BackgroundRequest
 from tests.harness.metrics import watched
 from tests.harness.server import VllmServer
 from watchdog.config.load import Config
-from watchdog.evidence.investigate import Evidence, Investigator
+from watchdog.evidence.bundle.investigate import Evidence, Investigator
 from watchdog.scrape.engine_http import EngineHTTP
 
 RECORD_S = 30.0

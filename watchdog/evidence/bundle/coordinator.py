@@ -1,0 +1,101 @@
+"""The evidence round trip, owned in one place: which verdicts ask for stacks, and where a finished capture goes.
+
+- a suspicion (and a long step due for another look) asks for a check: two captures, a decision fed back to the
+  judge as `StackEvidence`;
+- a freeze asks for its bundle, named with the open incident's id (the one id of bundle, events, alerts and
+  status); the capture that decided the suspicion serves when it is recent enough;
+- every finished job becomes one event (``evidence_checked``, ``evidence_captured`` or ``evidence_failed``) and,
+  for the engine's incident, what the stacks said.
+
+No I/O of its own: the runner (`watchdog.evidence.bundle.investigate.EvidenceRunner`) captures in its thread; this class
+only books what was asked and hands on what came back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from watchdog.core.types import Decision, StackEvidence, State, Transition
+from watchdog.evidence.bundle.investigate import EvidenceDone, EvidenceJob
+
+
+class Runner(Protocol):
+    def request(self, job: EvidenceJob) -> None: ...
+    def poll(self) -> list[EvidenceDone]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ForIncident:
+    """What the stacks said, for the engine's incident. ``final``: the freeze's own bundle (or its failure)."""
+
+    engine: str
+    decision: Decision | None  # None: no stacks could be taken
+    bundle: str | None
+    details: dict[str, Any]
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    event: dict[str, Any]  # without time and stack: the daemon stamps those
+    observation: StackEvidence | None  # for the judge: only checks of a suspicion or of a long step
+    incident: ForIncident | None
+
+
+@dataclass
+class EvidenceCoordinator:
+    runner: Runner
+    stall_window: float  # a freeze's bundle may reuse a capture taken this long before it
+    incident_for: Callable[[str, float], str]  # (engine, wall) -> the open incident's id, or a new one
+    _checking: set[str] = field(default_factory=set)  # engines with a check in flight
+    _bundled: set[str] = field(default_factory=set)  # engines whose current freeze has (or awaits) its bundle
+
+    def on_transition(self, tr: Transition, now: float, wall: float) -> None:
+        if tr.to_state not in (State.SUSPECT, State.FROZEN):
+            self._checking.discard(tr.engine)
+            self._bundled.discard(tr.engine)
+            return
+        if tr.to_state == State.SUSPECT:
+            self.check(tr.engine, tr.reason, now)
+        elif tr.engine not in self._bundled:
+            self._bundled.add(tr.engine)
+            # the capture that confirmed (or was taken during) this suspicion is this freeze's evidence
+            self.runner.request(EvidenceJob(tr.engine, tr.to_state.value, tr.reason, True, now - self.stall_window,
+                                            self.incident_for(tr.engine, wall)))
+
+    def check(self, engine: str, reason: str, now: float) -> None:
+        """Ask for a check of the stacks (one in flight per engine)."""
+        if engine not in self._checking:
+            self._checking.add(engine)
+            self.runner.request(EvidenceJob(engine, State.SUSPECT.value, reason, False, now))
+
+    def collect(self, now: float) -> list[Outcome]:
+        return [self._outcome(done, now) for done in self.runner.poll()]
+
+    def _outcome(self, done: EvidenceDone, now: float) -> Outcome:
+        job, engine = done.job, done.job.engine
+        if not job.bundle:
+            self._checking.discard(engine)
+        ids: dict[str, Any] = {"incident": job.incident} if job.incident else {}
+        if done.evidence is None:
+            event: dict[str, Any] = {"event": "evidence_failed", "engine": engine, "error": done.error, **ids}
+            return Outcome(event, None, ForIncident(engine, None, None, {"error": done.error}, True)
+                           if job.bundle else None)
+        f = done.evidence.findings
+        summary: dict[str, Any] = {"decision": f.decision.value, "reason": f.reason, "culprit": f.cross_rank.culprit,
+                                   "poll_parking": f.hypothesis.status.value, "complete": f.complete,
+                                   "capture_problems": list(f.problems),
+                                   "stuck_kind": f.stuck_kind.value if f.stuck_kind else None}
+        details = {k: v for k, v in summary.items() if k != "decision"}
+        if done.error:
+            details["error"] = done.error
+        bundle = str(done.bundle) if done.bundle else None
+        if not job.bundle:
+            obs = StackEvidence(now, engine, f.decision, f.reason, captured_at=done.started)
+            return Outcome({"event": "evidence_checked", "engine": engine, **summary}, obs,
+                           ForIncident(engine, f.decision, None, details, False))
+        event = {"event": "evidence_captured", "engine": engine, "bundle": bundle, "error": done.error or None,
+                 **ids, **summary}
+        return Outcome(event, None, ForIncident(engine, f.decision, bundle, details, True))

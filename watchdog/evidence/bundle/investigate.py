@@ -1,0 +1,194 @@
+"""The evidence stage end to end: find the processes, capture their stacks, assess them, write the bundle.
+
+Used by `watchdog dump` (on demand) and by the daemon (on suspicion and on a freeze).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from watchdog.config.load import Config
+from watchdog.core.processes import Capture, EngineProcess
+from watchdog.core.roles import Role
+from watchdog.evidence.bundle.write import BundleError, BundleHeader, prune, write_bundle
+from watchdog.evidence.collect.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
+from watchdog.evidence.collect.context import LogSource, fetch_metrics_page, gather
+from watchdog.evidence.collect.discover import discover
+from watchdog.evidence.explain.findings import Findings, PageWork, assess
+from watchdog.evidence.gpu.gather import gather_gpu
+from watchdog.evidence.gpu.nvml import GpuMonitor
+from watchdog.nodes.remote import RemoteEvidence
+from watchdog.scrape.engine_http import EngineHTTP
+from watchdog.scrape.page import PageError, read_page
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    capture: Capture
+    findings: Findings
+    seconds: float
+
+
+class Investigator:
+    def __init__(self, cfg: Config, http: EngineHTTP, finder: Callable[[], list[EngineProcess]] | None = None,
+                 capturer: Capturer | None = None, gpu: GpuMonitor | None = None) -> None:
+        self.cfg, self.http, self.gpu = cfg, http, gpu
+        c = cfg.capture
+        self.base = http.base
+        self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter))
+        self.capturer = capturer or Capturer(find_pyspy(c.pyspy), c.timeout, c.native, c.locals)
+        self.incidents_dir = Path(cfg.state.dir) / "incidents"
+        self.remote = RemoteEvidence(cfg) if cfg.nodes else None  # [[nodes]]: their stacks and context too
+
+    def preflight(self) -> list[str]:
+        """What would stop a capture, known before any incident: say it at start, not at 3 a.m."""
+        problems = []
+        if self.capturer.pyspy is None:
+            problems.append(MISSING_HINT)
+        try:
+            if Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() == "3":
+                problems.append(PTRACE_HINT)
+        except OSError:
+            pass
+        return problems
+
+    def page_work(self, engine: str) -> PageWork | None:
+        """The page's running/waiting for ``engine`` now (the one engine when unnamed); None if it cannot be read."""
+        text, problem = fetch_metrics_page(self.http)
+        if problem or not text:
+            return None
+        try:
+            engines = read_page(text).engines
+        except PageError:
+            return None
+        e = engines.get(engine) or (next(iter(engines.values())) if len(engines) == 1 else None)
+        return PageWork(e.running, e.waiting) if e is not None else None
+
+    def investigate(self, work_pending: bool | None, engine: str = "") -> Evidence:
+        t0 = time.monotonic()
+        page = self.page_work(engine)  # at suspicion, before the capture's gap: livelock and admission-stall rules
+        processes = self.finder()
+        def local() -> Capture:
+            return self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap,
+                                         native_pids=self._gpu_holders(processes))
+
+        # every other node's capture runs beside ours, merged into one (watchdog.nodes.remote)
+        capture = self.remote.capture_with(local) if self.remote is not None else local()
+        findings = assess(capture, work_pending, page)
+        seconds = time.monotonic() - t0
+        log.info("stacks of %d processes in %.1fs: %s (%s)", len(processes), seconds, findings.decision.value,
+                 findings.reason)
+        return Evidence(capture, findings, seconds)
+
+    def _gpu_holders(self, processes: list[EngineProcess]) -> frozenset[int]:
+        """Engine processes holding a GPU (NVML's last minute), whose waits only native frames show."""
+        if self.gpu is None or not self.cfg.gpu.native or self.cfg.capture.native:
+            return frozenset()
+        held = {proc.pid for s in self.gpu.window(self.gpu.clock() - 60.0) for proc in s.procs}
+        return frozenset(p.pid for p in processes if p.pid in held)
+
+    def write(self, incident: str, engine: str, state: str, reason: str, evidence: Evidence,
+              root: Path | None = None) -> Path:
+        """The bundle of incident ``incident`` (its one id names the directory)."""
+        c = self.cfg.capture
+        page, problem = fetch_metrics_page(self.http)
+        context = gather(self.http, page, LogSource(c.log_file, c.journal_unit, c.docker_container, c.log_lines),
+                         [p.pid for p in evidence.capture.processes if p.role == Role.ENGINE_CORE],
+                         self.capturer.pyspy)
+        if problem:
+            context = replace(context, problems=(*context.problems, problem))
+        if self.remote is not None:
+            context = self.remote.context(context)
+        wall = time.time()
+        inc = BundleHeader(incident, engine, state, reason, self.base, wall)
+        root = root or self.incidents_dir
+        # on a GPU host: NVML around the freeze, RAS, every rank's Flight Recorder (bounded), before any restart
+        since = wall - self.cfg.judge.stall_window - evidence.seconds
+        gpu = (gather_gpu(evidence.capture.processes, self.gpu, self.cfg.gpu, since, freeze=True, now=wall)
+               if self.gpu is not None else None)
+        path = write_bundle(root, inc, evidence.capture, evidence.findings, context, gpu)
+        removed = prune(root, self.cfg.incidents.max_count, self.cfg.incidents.max_bytes)
+        if removed:
+            log.info("incident retention removed %s", ", ".join(removed))
+        return path
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceJob:
+    engine: str
+    state: str
+    reason: str
+    bundle: bool  # write an incident bundle (a freeze), or only check the stacks (a suspicion)
+    reuse_after: float  # a capture of this engine started after this (monotonic) may serve instead of a new one
+    incident: str = ""  # the incident whose bundle this is (bundle jobs only)
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceDone:
+    job: EvidenceJob
+    started: float  # monotonic, when the capture that serves this job began
+    evidence: Evidence | None
+    bundle: Path | None
+    error: str = ""
+
+
+class EvidenceRunner:
+    """Runs investigations one at a time in a background thread, so the watcher keeps scraping meanwhile."""
+
+    def __init__(self, investigator: Investigator, clock: Callable[[], float] = time.monotonic) -> None:
+        self.investigator = investigator
+        self.clock = clock
+        self._jobs: queue.Queue[EvidenceJob | None] = queue.Queue()
+        self._done: queue.Queue[EvidenceDone] = queue.Queue()
+        self._latest: dict[str, tuple[float, Evidence]] = {}
+        self._thread = threading.Thread(target=self._work, name="evidence", daemon=True)
+        self._thread.start()
+
+    def request(self, job: EvidenceJob) -> None:
+        self._jobs.put(job)
+
+    def poll(self) -> list[EvidenceDone]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._done.put(self._run(job))
+            except Exception as e:  # the evidence stage must never take the watcher down
+                log.exception("evidence capture failed")
+                self._done.put(EvidenceDone(job, self.clock(), None, None, f"{type(e).__name__}: {e}"))
+
+    def _run(self, job: EvidenceJob) -> EvidenceDone:
+        latest = self._latest.get(job.engine)
+        if latest is not None and latest[0] >= job.reuse_after:
+            started, evidence = latest
+        else:
+            started = self.clock()
+            evidence = self.investigator.investigate(work_pending=True, engine=job.engine)
+            self._latest[job.engine] = (started, evidence)
+        if not job.bundle:
+            return EvidenceDone(job, started, evidence, None)
+        try:
+            path = self.investigator.write(job.incident, job.engine, job.state, job.reason, evidence)
+        except BundleError as e:
+            log.error("%s", e)
+            return EvidenceDone(job, started, evidence, None, str(e))
+        log.warning("incident bundle written: %s", path)
+        return EvidenceDone(job, started, evidence, path)

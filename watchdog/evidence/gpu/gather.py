@@ -1,0 +1,127 @@
+"""GPU evidence for one incident, gathered in one call: the I/O edge the coordinator calls on a freeze.
+
+``gather_gpu`` takes the engine's processes, an NVML ``GpuMonitor`` (or None) and the [gpu] settings; it asks RAS
+(bounded), triggers every rank's Flight Recorder (bounded by ``fr_settle``, before anything is restarted) and
+reads the GPU samples around the freeze. ``write_gpu_files`` puts it into a bundle directory: ``gpu.jsonl``
+(timeline), ``gpu.md`` (one line per GPU, RAS and recorder verdicts), ``nccl-ras.txt``, ``flight-recorder-rank<N>``.
+Nothing here raises for a missing GPU, RAS or recorder: each absence is a line in ``problems``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.config.gpu import GpuSection, ras_host_port
+from watchdog.core.processes import EngineProcess
+from watchdog.evidence.gpu.flight_recorder import DumpError, FrConfig, FrSummary, cross_rank_fr, load_dump, summarize
+from watchdog.evidence.gpu.fr_trigger import config_of, trigger
+from watchdog.evidence.gpu.nccl_ras import RasStatus, parse_ras, query_ras
+from watchdog.evidence.gpu.nvml import GpuMonitor
+from watchdog.evidence.gpu.readings import GpuReading, GpuSample, GpuThresholds, attach_ranks, read_all, summary_line
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvidence:
+    samples: tuple[GpuSample, ...] = ()
+    readings: tuple[GpuReading, ...] = ()
+    ras_text: str = ""
+    ras: RasStatus | None = None
+    fr_dumps: dict[int, bytes] = field(default_factory=dict)
+    fr: tuple[FrSummary, ...] = ()
+    fr_verdict: str = ""
+    fr_seconds: float = 0.0
+    problems: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        out = [summary_line(r) for r in self.readings]
+        if self.ras is not None:
+            out.append(self.ras.verdict())
+        out.extend(s.line() for s in self.fr)
+        if self.fr_verdict:
+            out.append(f"Flight Recorder: {self.fr_verdict}")
+        out.extend(f"problem: {p}" for p in self.problems)
+        return out
+
+
+def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, cfg: GpuSection,
+               since: float, freeze: bool, now: float | None = None) -> GpuEvidence:
+    """``since``: wall time the suspicion began (the timeline starts a little before it)."""
+    problems: list[str] = []
+    end = now if now is not None else time.time()
+    samples: list[GpuSample] = []
+    readings: list[GpuReading] = []
+    if monitor is None or monitor.unavailable:
+        problems.append(f"GPU evidence unavailable: {monitor.unavailable if monitor else 'no GPU sampler'}")
+    else:
+        samples = monitor.window(since - 60.0, end)
+        th = GpuThresholds(busy_util=cfg.busy_util, spin_power_fraction=cfg.spin_power_fraction)
+        readings = attach_ranks(read_all(samples, since, end, th), processes)
+    ras_text, ras = "", None
+    if cfg.ras:
+        host, port = ras_host_port(cfg.ras_address)
+        answer = query_ras(host, port, cfg.ras_timeout)
+        ras_text = answer.text
+        if answer.ok:
+            ras = parse_ras(answer.text)
+        else:
+            problems.append(answer.error)
+    dumps: dict[int, bytes] = {}
+    summaries: list[FrSummary] = []
+    verdict, fr_seconds = "", 0.0
+    if freeze and cfg.flight_recorder and processes:
+        # every rank's pipe under each process's prefix: a title's TP/PP numbers are not the global rank
+        t = trigger([p.pid for p in processes], None, cfg.fr_settle, configs=_fr_configs(processes, cfg))
+        fr_seconds = t.seconds
+        problems.extend(t.problems)
+        for r in t.ranks:
+            if r.error:
+                problems.append(f"Flight Recorder rank {r.rank}: {r.error}")
+            if r.data:
+                dumps[r.rank] = r.data
+                try:
+                    summaries.append(summarize(load_dump(r.data), r.rank))
+                except DumpError as e:
+                    problems.append(f"Flight Recorder rank {r.rank}: {e}")
+        verdict = cross_rank_fr(summaries)
+    return GpuEvidence(tuple(samples), tuple(readings), ras_text, ras, dumps, tuple(summaries), verdict, fr_seconds,
+                       tuple(dict.fromkeys(problems)))
+
+
+def _fr_configs(processes: Sequence[EngineProcess], cfg: GpuSection) -> dict[int, FrConfig | None] | None:
+    """The configured prefixes stand in for an environ that does not show the recorder (setproctitle clobbered
+    it); None: read every process's environ as it is."""
+    if not cfg.fr_pipe_prefix:
+        return None
+    out: dict[int, FrConfig | None] = {}
+    for p in processes:
+        seen = config_of(p.pid)
+        out[p.pid] = seen if seen is not None and seen.can_dump else FrConfig(
+            1, cfg.fr_pipe_prefix, cfg.fr_dump_prefix, ("from gpu.fr_pipe_prefix: the environ did not show it",))
+    return out
+
+
+def write_gpu_files(directory: Path, ev: GpuEvidence) -> list[str]:
+    """Write the GPU evidence into an incident directory (still the .partial one); the names written."""
+    written = []
+
+    def put(name: str, data: bytes) -> None:
+        path = directory / name
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        written.append(name)
+
+    if ev.samples:
+        put("gpu.jsonl", "".join(json.dumps(s.to_json()) + "\n" for s in ev.samples).encode())
+    put("gpu.md", ("# GPU evidence\n\n" + "".join(f"- {line}\n" for line in ev.lines())).encode())
+    if ev.ras_text:
+        put("nccl-ras.txt", ev.ras_text.encode())
+    for rank, data in sorted(ev.fr_dumps.items()):
+        put(f"flight-recorder-rank{rank}.pickle", data)
+    return written
