@@ -12,7 +12,8 @@ from watchdog.core.types import Decision, State
 from watchdog.evidence.explain.findings import StuckKind, assess
 from watchdog.evidence.explain.ranks import Cls
 from watchdog.judge.track import Thresholds
-from watchdog.service.trace import read_trace, replay
+from watchdog.service.replay import replay
+from watchdog.service.trace import read_trace
 
 QUICK = Thresholds(suspect_after=5.0, stall_window=15.0, probe_interval=0.0)
 

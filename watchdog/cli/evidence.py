@@ -19,6 +19,7 @@ from watchdog.evidence.bundle.write import BundleError, list_bundles
 from watchdog.evidence.explain.ranks import ProcessExplanation, classify, cross_rank, poll_parking
 from watchdog.evidence.gpu.nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.stacks.parse import Frame, StackParseError, parse_any
+from watchdog.nodes.remote import RemoteEvidence
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.fetch import MetricsFetcher
 
@@ -45,7 +46,7 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     gpu: GpuMonitor | None = GpuMonitor(NvmlSource(), g.dense_interval, g.dense_interval) if g.enabled else None
     if gpu is not None and gpu.start():
         gpu = None  # no GPU here: nothing to add
-    inv = Investigator(cfg, http, gpu=gpu)
+    inv = Investigator(cfg, http, gpu=gpu, others=RemoteEvidence(cfg) if cfg.nodes else None)
     try:
         evidence = inv.investigate(work_pending=work_pending(http))  # the GPU is sampled meanwhile
         out = Path(args.out) if args.out else inv.incidents_dir

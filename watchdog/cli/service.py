@@ -17,7 +17,8 @@ from watchdog.evidence.collect.deadline_read import read_deadlines
 from watchdog.evidence.gpu.nvml import gpu_availability
 from watchdog.judge.judge import worst
 from watchdog.service.daemon import Daemon
-from watchdog.service.trace import TraceWriter, read_trace, replay
+from watchdog.service.replay import replay
+from watchdog.service.trace import TraceWriter, read_trace
 from watchdog.service.watcher import build_watcher
 
 EXIT_OK, EXIT_FROZEN, EXIT_DOWN, EXIT_UNKNOWN = 0, 1, 2, 3

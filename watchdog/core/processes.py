@@ -83,3 +83,15 @@ class Capture:
     @property
     def complete(self) -> bool:
         return bool(self.processes) and all(d.ok for r in self.rounds for d in r.values()) and not self.unseen_nodes
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """Another node's part of the bundle's context, as its agent answered (``reached`` False: why not, in problems)."""
+
+    reached: bool
+    log_tail: str = ""
+    log_source: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    shm_segments: int | None = None
+    problems: tuple[str, ...] = ()

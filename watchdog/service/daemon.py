@@ -8,18 +8,14 @@ the status. Each stage of a pass runs inside an error boundary: a bug or a full 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
-import os
 import secrets
-import select
 import signal
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from watchdog.act.assemble import Act
@@ -41,11 +37,13 @@ from watchdog.evidence.bundle.investigate import EvidenceRunner, Investigator
 from watchdog.evidence.collect.deadline_read import read_deadlines
 from watchdog.evidence.gpu.nvml import GpuMonitor, NvmlSource
 from watchdog.nodes.liveness import overlay
+from watchdog.nodes.remote import RemoteEvidence
 from watchdog.nodes.watch import NodeWatch
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.service.events import EventLog, log_transition, transition_record
 from watchdog.service.exporter import Exporter
 from watchdog.service.sdnotify import Notifier
+from watchdog.service.signals import StopSignals
 from watchdog.service.status_file import StatusFile
 from watchdog.service.trace import TraceWriter
 from watchdog.service.watcher import ObservationSink, Watcher, build_watcher
@@ -81,8 +79,7 @@ class Daemon:
         self.events = EventLog(state_dir / "events.jsonl")
         self._trace: TraceWriter | None = None
         self._calm = False  # the last pass saw every engine idle or working, with no incident open
-        self._wake_r, self._wake_w = -1, -1
-        self._stop_signal: int | None = None
+        self.signals = StopSignals()
         self.runner: EvidenceRunner | None = None
         self.gpu: GpuMonitor | None = None
         self._gpu_seen = 0.0  # wall time of the last GPU sample exported and traced
@@ -118,7 +115,8 @@ class Daemon:
             if self.gpu.start():
                 self.gpu = None  # said once by the monitor: no GPU here, and nothing else happens
         if self.cfg.capture.enabled and not once:
-            investigator = Investigator(self.cfg, self.http, gpu=self.gpu)
+            others = RemoteEvidence(self.cfg) if self.cfg.nodes else None
+            investigator = Investigator(self.cfg, self.http, gpu=self.gpu, others=others)
             for problem in investigator.preflight():
                 log.warning("evidence capture: %s", problem)
             self.runner = EvidenceRunner(investigator)
@@ -127,7 +125,7 @@ class Daemon:
             self._read_deadlines()
         if self.cfg.nodes and not once:
             self.nodes = NodeWatch(self.cfg.nodes)
-        self._install_signals()
+        self.signals.install()
         log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s", self.url,
                  self.cfg.scrape.interval, self.cfg.judge.suspect_after, self.cfg.judge.stall_window, self.state_dir)
         ready = False
@@ -135,7 +133,7 @@ class Daemon:
         # sight, a full collection walks only what the passes allocate.
         gc.freeze()
         try:
-            while self._stop_signal is None:
+            while self.signals.received is None:
                 started = time.monotonic()
                 self.one_pass(watcher)
                 line = status_line(watcher.judge.verdicts())
@@ -149,7 +147,7 @@ class Daemon:
                         watcher.prober.wait(self.cfg.probe.timeout + 1)
                         self.one_pass(watcher)
                     break
-                self._sleep(started + self.cfg.scrape.interval - time.monotonic())
+                self.signals.sleep(started + self.cfg.scrape.interval - time.monotonic(), self.notifier)
         finally:
             self.notifier.stopping()
             if self.runner is not None:
@@ -160,13 +158,13 @@ class Daemon:
                 self.act.close()
             if self.nodes is not None:
                 self.nodes.close()
-            self._restore_signals()
+            self.signals.restore()
             self.events.close()
             if self._trace is not None:
                 self._trace.close()
             self.http.close()
-        if self._stop_signal is not None:
-            log.info("stopped by %s", signal.Signals(self._stop_signal).name)
+        if self.signals.received is not None:
+            log.info("stopped by %s", signal.Signals(self.signals.received).name)
         return 0
 
     # -- one pass, each stage in its own error boundary ------------------------------------------------
@@ -324,37 +322,3 @@ class Daemon:
             return
         if self._deadlines["warning"] and self._deadlines["warning"] != before:
             log.warning("deadline: %s", self._deadlines["warning"])
-
-    # -- signals through a self-pipe -------------------------------------------------------------------
-
-    def _install_signals(self) -> None:
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._old_wakeup = signal.set_wakeup_fd(self._wake_w)
-        self._old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        self._stop_signal = signum
-
-    def _restore_signals(self) -> None:
-        for s, handler in getattr(self, "_old_handlers", {}).items():
-            signal.signal(s, handler)
-        if self._wake_w >= 0:
-            signal.set_wakeup_fd(self._old_wakeup)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            self._wake_r = self._wake_w = -1
-
-    def _sleep(self, seconds: float) -> None:
-        """Until the next pass or a stop signal; wakes up on the way for systemd's watchdog ping when it is due
-        (from this thread: a loop that wedges stops pinging)."""
-        deadline = time.monotonic() + seconds
-        while self._stop_signal is None and (left := deadline - time.monotonic()) > 0:
-            due = self.notifier.ping_due_in()
-            readable, _, _ = select.select([self._wake_r], [], [], left if due is None else min(left, due))
-            if readable:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 512)
-            self.notifier.ping_if_due()
-

@@ -1,4 +1,4 @@
-"""Recordings of what the judgement saw, as JSON lines, and their replay.
+"""Recordings of what the judgement saw, as JSON lines (`watchdog.service.replay` judges them again).
 
 A trace holds observations only (scrapes as readings, probe starts and ends, stack evidence), never
 verdicts, so replaying it under other thresholds shows what those thresholds would have decided.
@@ -24,10 +24,7 @@ from watchdog.core.types import (
     Scrape,
     ServerProcess,
     StackEvidence,
-    Transition,
 )
-from watchdog.judge.judge import Judge
-from watchdog.judge.track import Thresholds
 
 TRACE_VERSION = 1
 
@@ -120,12 +117,6 @@ def read_trace(path: str | os.PathLike[str]) -> Iterator[Observation]:
                 raise
             except (ValueError, KeyError, TypeError) as e:
                 raise TraceError(f"{path}:{n}: not a trace record ({type(e).__name__}: {e})") from None
-
-
-def replay(observations: Iterator[Observation], thresholds: Thresholds) -> Iterator[Transition]:
-    judge = Judge(thresholds)
-    for obs in observations:
-        yield from judge.observe(obs)
 
 
 class TraceWriter:

@@ -12,18 +12,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from watchdog.config.load import Config
 from watchdog.core.processes import Capture, EngineProcess
 from watchdog.core.roles import Role
 from watchdog.evidence.bundle.write import BundleError, BundleHeader, prune, write_bundle
 from watchdog.evidence.collect.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
-from watchdog.evidence.collect.context import LogSource, fetch_metrics_page, gather
+from watchdog.evidence.collect.context import Context, LogSource, fetch_metrics_page, gather
 from watchdog.evidence.collect.discover import discover
 from watchdog.evidence.explain.findings import Findings, PageWork, assess
 from watchdog.evidence.gpu.gather import gather_gpu
 from watchdog.evidence.gpu.nvml import GpuMonitor
-from watchdog.nodes.remote import RemoteEvidence
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.page import PageError, read_page
 
@@ -37,16 +37,31 @@ class Evidence:
     seconds: float
 
 
+class OtherNodes(Protocol):
+    """The other nodes' share of the evidence (`watchdog.nodes.remote.RemoteEvidence`, handed in from above)."""
+
+    def capture_with(self, local: Callable[[], Capture]) -> Capture:
+        """The local capture and every other node's, taken side by side and merged into one."""
+        ...
+
+    def context(self, base: Context) -> Context:
+        """``base`` with each other node's context (its log tail, versions, problems) added."""
+        ...
+
+
 class Investigator:
+    """``others``: the other nodes' evidence when there are ``[[nodes]]`` (None: this node alone)."""
+
     def __init__(self, cfg: Config, http: EngineHTTP, finder: Callable[[], list[EngineProcess]] | None = None,
-                 capturer: Capturer | None = None, gpu: GpuMonitor | None = None) -> None:
+                 capturer: Capturer | None = None, gpu: GpuMonitor | None = None,
+                 others: OtherNodes | None = None) -> None:
         self.cfg, self.http, self.gpu = cfg, http, gpu
         c = cfg.capture
         self.base = http.base
         self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter))
         self.capturer = capturer or Capturer(find_pyspy(c.pyspy), c.timeout, c.native, c.locals)
         self.incidents_dir = Path(cfg.state.dir) / "incidents"
-        self.remote = RemoteEvidence(cfg) if cfg.nodes else None  # [[nodes]]: their stacks and context too
+        self.remote = others  # [[nodes]]: their stacks and context too
 
     def preflight(self) -> list[str]:
         """What would stop a capture, known before any incident: say it at start, not at 3 a.m."""

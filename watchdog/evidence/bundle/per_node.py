@@ -15,24 +15,11 @@ then every ``[[nodes]]`` entry in the order written:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from watchdog.core.processes import Capture
+from watchdog.core.processes import Capture, NodeContext
 
 LOCAL = "local"
-
-
-@dataclass(frozen=True, slots=True)
-class NodeContext:
-    """Another node's part of the bundle's context, as its agent answered (``reached`` False: why not, in problems)."""
-
-    reached: bool
-    log_tail: str = ""
-    log_source: str = ""
-    versions: dict[str, str] = field(default_factory=dict)
-    shm_segments: int | None = None
-    problems: tuple[str, ...] = ()
 
 
 def node_of_problem(problem: str, names: Sequence[str]) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from watchdog import __version__
-from watchdog.evidence.bundle.per_node import NodeContext
+from watchdog.core.processes import NodeContext
 from watchdog.evidence.collect.capture import DumpRunner, run_argv
 from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 
