@@ -1,7 +1,8 @@
 """engine-watchdog: notices when a vLLM engine stops producing tokens, and says why.
 
-The package follows the pipeline, one subpackage per stage:
-scrape -> judge -> evidence -> act, run by service (the loop, sd_notify, the exporter).
+The package follows the pipeline, one subpackage per stage, in floors (a module imports only its own floor and
+those below; tests/unit/test_floors.py holds the order):
+core < host < scrape < judge < config < evidence < nodes < act < service < cli.
 """
 
 from importlib import metadata

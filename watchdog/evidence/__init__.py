@@ -1,6 +1,11 @@
-"""Evidence: the stacks of every rank and what they show.
+"""Evidence: the stacks of every rank and what they show. Five jobs, one subpackage each, in floor order:
 
-Pure (data in, findings out): ``model``, ``roles``, ``stacks``, ``explain``, ``findings``.
-I/O at the edges: ``discover`` (/proc), ``capture`` (py-spy), ``context`` (page, logs, GPU, versions), ``bundle``
-(incident directories), ``investigate`` (the coordinator, in a background thread), ``commands`` (the CLI verbs).
+- ``stacks`` (pure): the dump formats read into frames (py-spy JSON and text, faulthandler, tracebacks, gdb);
+- ``explain`` (pure): each process's class, the culprit across ranks, poll-parking, the decision on a suspicion;
+- ``gpu``: NVML samples, NCCL RAS, the Flight Recorder, and what they say of a stall (readers pure, sources I/O);
+- ``collect`` (I/O): engine processes from /proc, py-spy, the page, log tail and versions, the engine's deadlines;
+- ``bundle``: the incident directory, what each node holds, the investigator that runs the stage in a thread.
+
+Stands on ``core``, ``host``, ``scrape`` and ``config``; the other nodes' share is handed in from above
+(`bundle.investigate.OtherNodes`).
 """

@@ -1,0 +1,2 @@
+"""Stacks (pure): dumps read into `frames.ProcessStack`: ``parse`` (any format, py-spy JSON), ``text`` and ``lines``
+(the text formats: py-spy text, faulthandler, Python tracebacks, gdb, kernel stacks)."""
