@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from watchdog.evidence.gpu.readings import GpuSample
 
 # a config for tests against the fake: five scrapes a second, suspect after 1 s, frozen after 2 s, no stacks
 FAST = """
@@ -137,3 +139,21 @@ def wait_for(predicate: object, timeout: float, what: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class FakeGpuSource:
+    """A ``GpuSource`` that replays prepared rounds of samples (one list per call), then the last one again."""
+
+    def __init__(self, rounds: Sequence[list[GpuSample]], unavailable: str = "") -> None:
+        self.rounds = list(rounds)
+        self.unavailable = unavailable
+        self.calls = 0
+
+    def open(self) -> str:
+        return self.unavailable
+
+    def sample(self) -> list[GpuSample]:
+        self.calls += 1
+        if not self.rounds:
+            return []
+        return self.rounds[min(self.calls - 1, len(self.rounds) - 1)]

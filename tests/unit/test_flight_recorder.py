@@ -10,15 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.evidence.gpu.flight_recorder import (
-    BYPASS_NOTE,
-    DumpError,
-    cross_rank_fr,
-    fr_config,
-    load_dump,
-    parse_environ,
-    summarize,
-)
+from watchdog.evidence.gpu.flight_recorder import BYPASS_NOTE, cross_rank_fr, fr_config, parse_environ, summarize
+from watchdog.evidence.gpu.fr_dump import DumpError, load_dump
 from watchdog.evidence.gpu.fr_trigger import config_of, trigger
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"

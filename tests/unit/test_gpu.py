@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes import FakeGpuSource
 from watchdog.core.processes import EngineProcess
 from watchdog.core.roles import Role
-from watchdog.evidence.gpu.nvml import FakeGpuSource, GpuMonitor, gpu_availability
+from watchdog.evidence.gpu.nvml import GpuMonitor, gpu_availability
 from watchdog.evidence.gpu.readings import (
     GpuSample,
     GpuState,

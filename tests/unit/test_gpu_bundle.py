@@ -7,12 +7,13 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from tests.fakes import FakeGpuSource
 from tests.unit.test_evidence_bundle import ENGINE, TP0, TP1, context, incident, stuck_capture
 from watchdog.config.gpu import GpuSection
 from watchdog.evidence.bundle.write import write_bundle
 from watchdog.evidence.explain.findings import assess
 from watchdog.evidence.gpu.gather import gather_gpu
-from watchdog.evidence.gpu.nvml import FakeGpuSource, GpuMonitor
+from watchdog.evidence.gpu.nvml import GpuMonitor
 from watchdog.evidence.gpu.readings import GpuProc, GpuSample, sample_from_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"

@@ -10,7 +10,7 @@ from watchdog.core.roles import ranks_of
 from watchdog.evidence.explain.frame_rules import _main
 from watchdog.evidence.explain.ranks import classify
 from watchdog.evidence.gpu.culprit import RankView, gpu_culprit
-from watchdog.evidence.gpu.nccl_ras import parse_ras
+from watchdog.evidence.gpu.ras_status import parse_ras
 from watchdog.evidence.gpu.readings import GpuState, read_all, sample_from_json
 from watchdog.evidence.stacks.parse import parse_pyspy_json
 

@@ -8,6 +8,7 @@ I/O through another of ours either.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -16,18 +17,32 @@ PACKAGE = Path(__file__).resolve().parents[2] / "watchdog"
 
 PURE = (
     "watchdog.core.types",
-    "watchdog.judge.judge",
-    "watchdog.judge.track",
-    "watchdog.scrape.page",
     "watchdog.core.processes",
     "watchdog.core.roles",
+    "watchdog.scrape.page",
+    "watchdog.judge.judge",
+    "watchdog.judge.track",
+    "watchdog.config.act",
+    "watchdog.config.gpu",
+    "watchdog.config.nodes",
+    "watchdog.config.restart_plan",
+    "watchdog.evidence.stacks.frames",
+    "watchdog.evidence.stacks.lines",
     "watchdog.evidence.stacks.parse",
+    "watchdog.evidence.stacks.text",
+    "watchdog.evidence.explain.classes",
+    "watchdog.evidence.explain.frame_rules",
     "watchdog.evidence.explain.ranks",
     "watchdog.evidence.explain.findings",
-    "watchdog.evidence.collect.deadlines",
+    "watchdog.evidence.gpu.readings",
     "watchdog.evidence.gpu.culprit",
+    "watchdog.evidence.gpu.flight_recorder",
+    "watchdog.evidence.gpu.ras_status",
+    "watchdog.evidence.collect.deadlines",
+    "watchdog.evidence.bundle.per_node",
+    "watchdog.nodes.protocol",
+    "watchdog.nodes.liveness",
     "watchdog.act.policy",
-    "watchdog.config.restart_plan",
 )
 # Modules (or their parents) that do I/O, keep time or hand out randomness.
 IO = ("requests", "urllib3", "urllib.request", "http", "socket", "ssl", "subprocess", "psutil", "pynvml", "systemd",
@@ -84,6 +99,85 @@ def test_the_check_sees_io_when_it_is_there() -> None:
     """The checker itself must be able to fail: modules known to do I/O are flagged by the same rule."""
     for name in ("watchdog.scrape.fetch", "watchdog.evidence.collect.capture", "watchdog.service.daemon"):
         assert any(dep.split(".")[0] in IO for dep in reach(name)), name
+
+
+def all_modules() -> dict[str, Path]:
+    out = {}
+    for p in PACKAGE.rglob("*.py"):
+        rel = p.relative_to(PACKAGE.parent).with_suffix("")
+        out[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = p
+    return out
+
+
+_WORD = re.compile(r"(?<!not )\bpure\b", re.IGNORECASE)
+_NAME = re.compile(r"`+([A-Za-z_][\w.]*)`+")
+
+
+def clauses(doc: str) -> list[str]:
+    """A docstring cut where a claim ends: sentence ends, ``;``, list items, and ``), `` between named items;
+    never inside parentheses, so ``(`x`, pure)`` and ``(...; pure)`` stay with the name before them."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(doc):
+        depth += (ch == "(") - (ch == ")")
+        nxt = doc[i + 1:i + 2]
+        end = depth == 0 and ((ch in ".;" and nxt in (" ", "\n", "")) or (ch == "\n" and nxt == "-")
+                              or (ch == ")" and nxt == ","))
+        if end:
+            out.append(doc[start:i + 1])
+            start = i + 1
+    return [*out, doc[start:]]
+
+
+def claims_in(doc: str, name: str, package: str, modules: set[str]) -> set[str]:
+    """The modules a docstring calls pure: in each clause with the word, the modules named before it, else those
+    named after it ("Pure: ``policy``"), else the module ``name`` itself. Names resolve as written or inside
+    ``package``; words in backquotes that are no module (a class, a key) do not count."""
+
+    def resolve(word: str) -> str | None:
+        return next((full for full in (word, f"{package}.{word}") if full in modules), None)
+
+    out: set[str] = set()
+    for clause in clauses(doc):
+        for m in _WORD.finditer(clause):
+            before = [r for w in _NAME.findall(clause[:m.start()]) if (r := resolve(w))]
+            after = [r for w in _NAME.findall(clause[m.end():]) if (r := resolve(w))]
+            out.update(before or after or [name])
+    return out
+
+
+def purity_claims() -> dict[str, str]:
+    """Every module some docstring calls pure, with the module that says so. A claim that lands on a package (an
+    __init__'s own words, or a named subpackage) is a summary and is not read: each module speaks for itself."""
+    mods = all_modules()
+    out: dict[str, str] = {}
+    for name, path in sorted(mods.items()):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for claimed in claims_in(doc, name, package, set(mods)):
+            if mods[claimed].name != "__init__.py":
+                out.setdefault(claimed, name)
+    return out
+
+
+def test_every_module_called_pure_is_checked() -> None:
+    """A module whose docstring (or its floor's) says it is pure is in PURE, so the list cannot drift from the prose."""
+    missing = {claimed: f"said in {by}" for claimed, by in purity_claims().items() if claimed not in PURE}
+    assert not missing, f"called pure but not in PURE (add them, or correct the docstring): {missing}"
+
+
+@pytest.mark.parametrize(("doc", "claimed"), [
+    ("The [x] section. Pure.", {"p.m"}),
+    ("Act, pure: the commands from ``[[restart.steps]]``; nothing here runs them (`p.b` does).", {"p.m"}),
+    ("Pure: text in, a ``Status`` out.", {"p.m"}),  # a class named after the word: still the module's own claim
+    ("Reads files; not pure.", set()),
+    ("Pure: ``a`` (budget, backoff). I/O: ``b`` (files).", {"p.a"}),
+    ("What goes over it (`a`, pure), rank liveness (`b` pure, `c`, `d`), the shm (`e`).", {"p.a", "p.b"}),
+    ("``load`` (the file, every key), ``a``, ``b`` (their sections, pure), ``c`` (the plan; pure).",
+     {"p.a", "p.b", "p.c"}),
+    ("The plan comes from `p.a` (pure; its docstring has the rules).", {"p.a"}),
+])
+def test_purity_claims_are_read_as_written(doc: str, claimed: set[str]) -> None:
+    assert claims_in(doc, "p.m", "p", {"p", "p.m", "p.a", "p.b", "p.c", "p.d", "p.e", "p.load"}) == claimed
 
 
 def test_every_stage_is_a_subpackage_and_modules_stay_small() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.evidence.gpu.nccl_ras import REQUEST, parse_ras, query_ras
+from watchdog.evidence.gpu.nccl_ras import REQUEST, query_ras
+from watchdog.evidence.gpu.ras_status import parse_ras
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu"
 

@@ -1,5 +1,5 @@
 """The act stage's settings: ``[restart]`` with its ordered ``[[restart.steps]]``, ``[alerts]`` with its
-``[[alerts.sinks]]``, and their checks (`watchdog.config.load` loads them like every other section)."""
+``[[alerts.sinks]]``, and their checks (`watchdog.config.load` loads them like every other section). Pure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The other nodes of a stack: ``[[nodes]]``, each reached over OpenSSH with a key bound to a forced command.
+"""The other nodes of a stack: ``[[nodes]]``, each reached over OpenSSH with a key bound to a forced command. Pure.
 
 A node is named once here; ``node = "<name>"`` on a restart step runs that step there (``"local"`` is this host).
 Its log tail (``journal_unit``, ``docker_container`` or ``log_file``) is read on that node; its pre-start hook runs

@@ -1,4 +1,4 @@
-"""The classes a process's main thread gets, and the statuses of the poll-parking hypothesis."""
+"""The classes a process's main thread gets, and the statuses of the poll-parking hypothesis. Pure."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The GPU-aware cross-rank verdict: which GPU rank the others wait for. Pure.
 
-``cross_rank`` (explain.py) reads stack classes alone. On a real two-GPU tensor-parallel hang (tests/data/gpu-tp2,
-issue 10) that is not enough: rank 1 sat in ``cudaDeviceSynchronize`` (device_wait) behind a kernel that never
-ended, and rank 0 was not inside ``all_reduce`` at all: it had run 64 steps ahead, queueing collectives, until
-``cuLaunchKernel`` blocked on a full launch queue (class unknown). Both GPUs read busy at idle power (rank 1's
-spin, rank 0's NCCL kernel waiting for its peer). What names the culprit, strongest first:
+``cross_rank`` (`watchdog.evidence.explain.ranks`) reads stack classes alone. On a real two-GPU tensor-parallel hang
+(tests/data/gpu-tp2, issue 10) that is not enough: rank 1 sat in ``cudaDeviceSynchronize`` (device_wait) behind a
+kernel that never ended, and rank 0 was not inside ``all_reduce`` at all: it had run 64 steps ahead, queueing
+collectives, until ``cuLaunchKernel`` blocked on a full launch queue (class unknown). Both GPUs read busy at idle
+power (rank 1's spin, rank 0's NCCL kernel waiting for its peer). What names the culprit, strongest first:
 
 1. the Flight Recorder: a rank that never entered the collective the others entered;
 2. NCCL RAS: a rank that launched fewer operations than the others;
@@ -19,34 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
+from watchdog.evidence.gpu.flight_recorder import FrSummary
+from watchdog.evidence.gpu.ras_status import RasStatus
 from watchdog.evidence.gpu.readings import GpuState
 from watchdog.evidence.stacks.frames import Frame
-
-
-# What is read of flight_recorder.FrSummary and nccl_ras.RasStatus; their modules also hold the I/O (the unpickler,
-# the socket), which a pure module must not import.
-class _Entry(Protocol):
-    @property
-    def seq(self) -> int | None: ...
-
-
-class FrSummary(Protocol):
-    @property
-    def rank(self) -> int: ...
-    @property
-    def last_entered(self) -> _Entry | None: ...
-
-
-class _Block(Protocol):
-    def behind(self) -> list[int]: ...
-
-
-class RasStatus(Protocol):
-    @property
-    def blocks(self) -> Sequence[_Block]: ...
-    def verdict(self) -> str: ...
 
 _COLL = re.compile(r"^nccl|c10d::|ProcessGroupNCCL|torch::cuda::nccl|all_?reduce|all_?gather|reduce_scatter")
 _LAUNCH = re.compile(r"^cu(?:da)?LaunchKernel")

@@ -3,8 +3,9 @@
 A process records its torch.distributed collectives when started with ``TORCH_FR_BUFFER_SIZE`` (older name
 ``TORCH_NCCL_TRACE_BUFFER_SIZE``) > 0; it dumps them on demand when ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` is set
 (a line written to the FIFO ``<that prefix><rank>.pipe``, seen on torch 2.11) to ``TORCH_FR_DUMP_TEMP_FILE<rank>``
-(older ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``; default ``/tmp/nccl_trace_rank_``). The dump is a pickle of builtins
-only; it is loaded with an unpickler that refuses every class, so a hostile file cannot run code.
+(older ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``; default ``/tmp/nccl_trace_rank_``). Here: those settings read from an
+environment, and a decoded dump summarised per rank and across ranks. Decoding a dump's bytes (a pickle) is
+`watchdog.evidence.gpu.fr_dump`; triggering and reading the dumps is `watchdog.evidence.gpu.fr_trigger`.
 
 vLLM's own PyNccl wrapper calls NCCL directly for its model collectives: the recorder never sees those, only
 what goes through torch.distributed's ProcessGroupNCCL. A recorder with no collective entries says so.
@@ -12,15 +13,11 @@ what goes through torch.distributed's ProcessGroupNCCL. A recorder with no colle
 
 from __future__ import annotations
 
-import io
-import json
-import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"  # noqa: S108 - torch's own default, read, never written by us
-MAX_DUMP_BYTES = 64 * 1024 * 1024
 BYPASS_NOTE = ("the Flight Recorder recorded no collective: vLLM's PyNccl wrapper (and custom all-reduce) call "
                "NCCL directly and bypass torch.distributed, so the recorder cannot see the model's collectives")
 
@@ -73,30 +70,6 @@ def fr_config(env: Mapping[str, str]) -> FrConfig:
         problems.append("no dump pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE unset): the recorder cannot be asked to dump")
     dump = first("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or DEFAULT_DUMP_PREFIX
     return FrConfig(size, pipe, dump, tuple(problems))
-
-
-class DumpError(Exception):
-    pass
-
-
-class _BuiltinsOnly(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused {module}.{name}: a Flight Recorder dump holds builtins only")
-
-
-def load_dump(data: bytes, max_bytes: int = MAX_DUMP_BYTES) -> dict[str, Any]:
-    """A dump (pickle, or JSON when torch wrote JSON) as a dict. Raises DumpError; never runs code from the file."""
-    if len(data) > max_bytes:
-        raise DumpError(f"dump of {len(data)} bytes is over the {max_bytes} byte cap")
-    if not data:
-        raise DumpError("empty dump")
-    try:
-        obj = json.loads(data) if data[:1] == b"{" else _BuiltinsOnly(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as e:
-        raise DumpError(f"unreadable dump: {e}") from None
-    if not isinstance(obj, dict):
-        raise DumpError(f"a dump is a dict, this is a {type(obj).__name__}")
-    return obj
 
 
 @dataclass(frozen=True, slots=True)

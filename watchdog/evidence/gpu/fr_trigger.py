@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog.evidence.gpu.flight_recorder import DumpError, FrConfig, fr_config, load_dump, parse_environ
+from watchdog.evidence.gpu.flight_recorder import FrConfig, fr_config, parse_environ
+from watchdog.evidence.gpu.fr_dump import DumpError, load_dump
 
 
 def config_of(pid: int) -> FrConfig | None:

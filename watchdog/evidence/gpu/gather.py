@@ -18,10 +18,12 @@ from pathlib import Path
 
 from watchdog.config.gpu import GpuSection, ras_host_port
 from watchdog.core.processes import EngineProcess
-from watchdog.evidence.gpu.flight_recorder import DumpError, FrConfig, FrSummary, cross_rank_fr, load_dump, summarize
+from watchdog.evidence.gpu.flight_recorder import FrConfig, FrSummary, cross_rank_fr, summarize
+from watchdog.evidence.gpu.fr_dump import DumpError, load_dump
 from watchdog.evidence.gpu.fr_trigger import config_of, trigger
-from watchdog.evidence.gpu.nccl_ras import RasStatus, parse_ras, query_ras
+from watchdog.evidence.gpu.nccl_ras import query_ras
 from watchdog.evidence.gpu.nvml import GpuMonitor
+from watchdog.evidence.gpu.ras_status import RasStatus, parse_ras
 from watchdog.evidence.gpu.readings import GpuReading, GpuSample, GpuThresholds, attach_ranks, read_all, summary_line
 
 

@@ -1,10 +1,10 @@
-"""GPU samples through NVML (nvidia-ml-py, ``import pynvml``): the I/O behind ``gpu.py``.
+"""GPU samples through NVML (nvidia-ml-py, ``import pynvml``): the I/O behind ``readings.py``.
 
-``NvmlSource`` reads every GPU (utilisation, power and its limit, SM clock, memory, the processes holding memory);
-``FakeGpuSource`` replays samples. ``GpuMonitor`` samples in a background thread, slowly in normal operation
-(``gpu.interval``) and densely once told of a suspicion (``gpu.dense_interval`` until ``dense_for`` s later), and
-keeps a ring of recent samples for the bundle's timeline. No GPU, no driver, or no pynvml: the source says why it
-is unavailable, the monitor does nothing, and nothing raises.
+``NvmlSource`` reads every GPU (utilisation, power and its limit, SM clock, memory, the processes holding memory).
+``GpuMonitor`` samples a ``GpuSource`` in a background thread, slowly in normal operation (``gpu.interval``) and
+densely once told of a suspicion (``gpu.dense_interval`` until ``dense_for`` s later), and keeps a ring of recent
+samples for the bundle's timeline. No GPU, no driver, or no pynvml: the source says why it is unavailable, the
+monitor does nothing, and nothing raises. (Tests replay samples through ``tests.fakes.FakeGpuSource``.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from watchdog.evidence.gpu.readings import GpuProc, GpuSample
@@ -91,24 +91,6 @@ class NvmlSource:
         if self._nvml is not None:
             self._try(self._nvml.nvmlShutdown)
             self._nvml = None
-
-
-class FakeGpuSource:
-    """Replays prepared rounds of samples (one list per call), then the last one again."""
-
-    def __init__(self, rounds: Sequence[list[GpuSample]], unavailable: str = "") -> None:
-        self.rounds = list(rounds)
-        self.unavailable = unavailable
-        self.calls = 0
-
-    def open(self) -> str:
-        return self.unavailable
-
-    def sample(self) -> list[GpuSample]:
-        self.calls += 1
-        if not self.rounds:
-            return []
-        return self.rounds[min(self.calls - 1, len(self.rounds) - 1)]
 
 
 class GpuMonitor:

@@ -1,6 +1,6 @@
 """GPU readings beside the stacks: what each rank's GPU was doing around a suspicion. Pure.
 
-Samples come from NVML (``gpu_nvml``); this module only reads them. A GPU over a window is:
+Samples come from NVML (`watchdog.evidence.gpu.nvml`); this module only reads them. A GPU over a window is:
 
 - ``spinning``: busy (NVML utilisation >= ``busy_util`` in most samples) while drawing little power (median power
   <= ``spin_power_fraction`` of the GPU's own power limit). A kernel is resident but does no arithmetic and moves
