@@ -42,8 +42,10 @@ from watchdog.nodes.watch import NodeWatch
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.service.events import EventLog, log_transition, transition_record
 from watchdog.service.exporter import Exporter
+from watchdog.service.probes import ProbeSettings, stale_after
 from watchdog.service.sdnotify import Notifier
 from watchdog.service.signals import StopSignals
+from watchdog.service.state_check import StateDirCheck
 from watchdog.service.status_file import StatusFile
 from watchdog.service.trace import TraceWriter
 from watchdog.service.watcher import ObservationSink, Watcher, build_watcher
@@ -74,7 +76,8 @@ class Daemon:
         self.state_dir = state_dir
         self.url = base_url(cfg.engine.url)
         self.notifier = notifier or Notifier()
-        self.exporter = Exporter()
+        self.exporter = Exporter(probes=ProbeSettings(cfg.exporter.live_after,
+                                                      stale_after(cfg.scrape.interval, cfg.scrape.deadline)))
         self.http = EngineHTTP(cfg.engine.url, cfg.scrape.limits(), cfg.api_key().reveal())
         self.events = EventLog(state_dir / "events.jsonl")
         self._trace: TraceWriter | None = None
@@ -102,6 +105,7 @@ class Daemon:
             self._trace = TraceWriter(self.state_dir / "trace.jsonl", self.cfg.state.trace_max_bytes,
                                       {"url": self.url})
         if self.cfg.exporter.port and not once:
+            self.exporter.state_problem = StateDirCheck(self.state_dir, lambda: self.events.failures)
             self.exporter.serve(self.cfg.exporter.listen, self.cfg.exporter.port)
         sinks: list[ObservationSink] = [self._count]
         if self._trace is not None:
@@ -301,6 +305,7 @@ class Daemon:
                              "node": v.node, "state": v.status, "reason": v.reason})
             verdicts = overlay(verdicts, views)
             nodes_well = all(v.status == "ok" for v in views)
+            self.exporter.node_views = views  # /readyz and /livez see the other nodes too
         calm_here = self._calm and nodes_well and self.act.settled
         if calm_here and now < self._respond_next and not self._deadlines_due:
             return  # calm, and nothing open, running or reserved: the act stage has nothing to do on this pass

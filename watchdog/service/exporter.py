@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
@@ -17,13 +20,24 @@ from prometheus_client.registry import Collector
 
 from watchdog.core.types import ProbeFinished, Scrape, State, Transition, Verdict
 from watchdog.evidence.gpu.readings import GpuSample
+from watchdog.nodes.liveness import NodeView, overlay
+from watchdog.service.probes import Answer, ProbeSettings, carry_trouble, liveness, own_problem, readiness
 
 log = logging.getLogger(__name__)
 
 
 class Exporter:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, probes: ProbeSettings | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # /readyz and /livez (watchdog.service.probes decides): the last pass as one tuple (verdicts, their clock, the
+        # monotonic time it was handed over), so a probe never reads half of one pass and half of the next
+        self.probe_settings = probes or ProbeSettings()
+        self._last: tuple[list[Verdict], float, float] | None = None
+        self._trouble: dict[str, float] = {}  # engine -> since when frozen or down without a break
+        self._incident: tuple[str, str] | None = None  # the open incident's (engine, id)
+        self._born = time.monotonic()
+        self.state_problem: Callable[[], str] = lambda: ""  # the state directory's health (service.state_check)
+        self.node_views: list[NodeView] = []  # [[nodes]]: what the other nodes say, laid over the verdicts
         if registry is None:
             ProcessCollector(registry=self.registry)
         r = self.registry
@@ -62,7 +76,8 @@ class Exporter:
         0.03% of a core, a third of the whole service's). Started once; it lives as long as the process."""
         info = socket.getaddrinfo(listen, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         server_class = type("ExporterServer", (ThreadingWSGIServer,), {"address_family": info[0]})  # v4 or v6
-        server: ThreadingWSGIServer = make_server(str(info[4][0]), port, make_wsgi_app(self.registry), server_class,
+        self._metrics_app = make_wsgi_app(self.registry)
+        server: ThreadingWSGIServer = make_server(str(info[4][0]), port, self.app, server_class,
                                                   handler_class=_QuietHandler)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": None}, name="exporter",
                          daemon=True).start()
@@ -86,14 +101,21 @@ class Exporter:
                                     tr.to_state.value).inc()
 
     def set_verdicts(self, verdicts: list[Verdict], now: float) -> None:
+        changed = False
         for v in verdicts:
             if self._state_shown.get(v.engine) != v.state:  # the one-hot gauges change with the state only
                 for state in State:
                     self.state.labels(v.engine, state.value).set(1.0 if v.state == state else 0.0)
                 self._state_shown[v.engine] = v.state
+                changed = True
+        if changed:  # frozen or down since when: only a change of state can change it
+            self._trouble = carry_trouble(self._trouble, verdicts)
         self.passes.verdicts, self.passes.now = verdicts, now
+        self._last = (verdicts, now, time.monotonic())
 
     def set_response(self, status: dict[str, Any]) -> None:
+        inc = status.get("incident")
+        self._incident = (str(inc.get("engine")), str(inc.get("id"))) if isinstance(inc, dict) else None
         rec = status.get("recovery") or {}
         shown = (status.get("paused"), status.get("budget_left"), status.get("gave_up"), bool(status.get("incident")),
                  rec.get("phase"), rec.get("seconds"))
@@ -114,6 +136,63 @@ class Exporter:
 
     def observe_event(self, name: str) -> None:
         self.actions.labels(name).inc()
+
+
+    # -- HTTP: /metrics, /readyz, /livez; anything else 404, any method but GET or HEAD 405 ----------------------
+
+    def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path, method = environ.get("PATH_INFO") or "/", environ.get("REQUEST_METHOD", "")
+        if path not in _PATHS:
+            return _reply(start_response, 404, {"error": f"no such path: {path[:100]}", "paths": _PATHS}, method)
+        if method not in ("GET", "HEAD"):
+            return _reply(start_response, 405, {"error": f"{method[:20]} not allowed"}, method,
+                          [("Allow", "GET, HEAD")])
+        if path in ("/readyz", "/livez"):
+            try:
+                answer = self.probe(path[1:], environ.get("QUERY_STRING", ""))
+            except Exception as e:  # a bug here must answer, never end the thread or the process
+                log.exception("the %s probe failed", path)
+                answer = Answer(500, {"error": f"{type(e).__name__}: {e}"[:300]})
+            return _reply(start_response, answer.code, answer.body, method)
+        body: Iterable[bytes] = self._metrics_app(environ, start_response)
+        return [] if method == "HEAD" else body
+
+    def probe(self, kind: str, query: str = "") -> Answer:
+        """The answer of ``/readyz`` (kind "readyz") or ``/livez`` now; ``query`` may name one engine (engine=ID)."""
+        try:
+            args = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=10)
+        except ValueError as e:
+            return Answer(400, {"error": f"bad query: {e}"[:200]})
+        engine = args.get("engine", [None])[-1]
+        if engine is not None and not engine.strip():
+            return Answer(400, {"error": "engine= needs an engine id (vLLM's engine label: 0, 1, ...)"})
+        last, mono = self._last, time.monotonic()
+        verdicts, now, age = ([], 0.0, None) if last is None else (last[0], last[1] + mono - last[2], mono - last[2])
+        if verdicts and age is not None:  # a pass whose scrape stage keeps failing hands over old verdicts
+            age = max(age, now - max(v.t for v in verdicts))
+        if self.node_views:
+            verdicts = overlay(verdicts, self.node_views)
+        problem = own_problem(age, mono - self._born, self.probe_settings, self.state_problem())
+        if kind == "readyz":
+            return readiness(verdicts, now, self._incident, problem, engine)
+        return liveness(verdicts, now, self._trouble, self._incident, problem, self.probe_settings.live_after,
+                        engine)
+
+
+_PATHS = ("/", "/metrics", "/metrics/", "/readyz", "/livez")
+
+
+def _reply(start_response: Callable[..., Any], code: int, body: dict[str, object], method: str,
+           headers: list[tuple[str, str]] | None = None) -> list[bytes]:
+    data = json.dumps(body).encode() + b"\n"
+    start_response(f"{code} {_REASONS.get(code, 'Error')}",
+                   [("Content-Type", "application/json"), ("Cache-Control", "no-store"),
+                    ("Content-Length", str(len(data))), *(headers or [])])
+    return [] if method == "HEAD" else [data]
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
+            503: "Service Unavailable"}
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -1,0 +1,147 @@
+"""/readyz and /livez over HTTP: the exporter's routing (nonsense gets 404/405/400, never a crash), the state
+directory's check, and the real daemon against the fake engine (idle → ready; frozen → not ready, then not live)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+from tests.fakes import FAST, EngineModel, fake_engine, wait_for
+from tests.unit.test_act_daemon import Daemon, freeze
+from watchdog.core.types import State, Verdict
+from watchdog.service.exporter import Exporter
+from watchdog.service.probes import ProbeSettings
+from watchdog.service.state_check import StateDirCheck
+
+
+def served(settings: ProbeSettings | None = None) -> tuple[Exporter, str]:
+    e = Exporter(probes=settings)
+    port = e.serve("127.0.0.1", 0)
+    return e, f"http://127.0.0.1:{port}"
+
+
+def raw(base: str, data: bytes) -> bytes:
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_ready_and_live_answer_json_with_the_deciding_engine() -> None:
+    e, base = served()
+    assert requests.get(f"{base}/readyz", timeout=10).status_code == 503  # no verdict yet
+    assert requests.get(f"{base}/livez", timeout=10).status_code == 200
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 5.0, 10.0), Verdict("1", State.WORKING, "moving", 8.0, 10.0)],
+                   10.0)
+    r = requests.get(f"{base}/readyz", timeout=10)
+    assert r.status_code == 200 and r.headers["Content-Type"] == "application/json"
+    body = r.json()
+    assert body["ready"] is True and body["engine"] == "0" and body["engines"] == {"0": "idle", "1": "working"}
+    assert body["for_seconds"] >= 5.0
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 5.0, 11.0), Verdict("1", State.FROZEN, "stuck", 11.0, 11.0)],
+                   11.0)
+    e.set_response({"incident": {"id": "inc-1", "engine": "1"}, "paused": False, "budget_left": 3})
+    r = requests.get(f"{base}/readyz", timeout=10)
+    assert r.status_code == 503 and r.json()["engine"] == "1" and r.json()["incident"] == "inc-1"
+    assert requests.get(f"{base}/readyz?engine=0", timeout=10).status_code == 200
+    assert requests.get(f"{base}/readyz", params={"engine": "1"}, timeout=10).status_code == 503
+    assert requests.get(f"{base}/livez", timeout=10).status_code == 200  # frozen, but not for 300 s
+    assert "watchdog_engine_state" in requests.get(f"{base}/metrics", timeout=10).text  # the metrics as before
+
+
+def test_nonsense_gets_4xx_and_the_server_goes_on() -> None:
+    e, base = served()
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 0.0, 1.0)], 1.0)
+    assert requests.post(f"{base}/readyz", timeout=10).status_code == 405
+    r = requests.delete(f"{base}/livez", timeout=10)
+    assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD"
+    assert requests.put(f"{base}/metrics", data=b"x", timeout=10).status_code == 405
+    for path in ("/nope", "/readyz/x", "/%00", "/livez/../etc/passwd", "/favicon.ico", "/" + "a" * 5000):
+        assert requests.get(f"{base}{path}", timeout=10).status_code == 404, path
+    assert requests.get(f"{base}/readyz?engine=", timeout=10).status_code == 400
+    assert requests.get(f"{base}/readyz?engine=%ff%fe", timeout=10).status_code == 404
+    assert requests.get(f"{base}/readyz?engine=7&engine=0", timeout=10).status_code == 200  # the last one counts
+    assert requests.get(f"{base}/readyz?" + "&".join(f"k{i}=v" for i in range(50)), timeout=10).status_code == 400
+    assert requests.get(f"{base}/readyz?verbose&x=%zz", timeout=10).status_code == 200
+    head = requests.head(f"{base}/readyz", timeout=10)
+    assert head.status_code == 200 and head.content == b""
+    for junk in (b"\x00\xff garbage\r\n\r\n", b"GET\r\n\r\n", b"GET /readyz HTTP/9.9\r\n\r\n",
+                 b"GET /readyz HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", b"BREW /livez HTTP/1.1\r\n\r\n",
+                 b"GET /" + b"x" * 70_000 + b" HTTP/1.1\r\n\r\n"):
+        reply = raw(base, junk)  # a status line, or (an HTTP/0.9 request) the error page alone, or nothing
+        code = reply.split(b" ", 2)[1] if reply.startswith(b"HTTP/") else reply.partition(b"Error code: ")[2][:3]
+        assert not reply or code[:1] in (b"2", b"4") or code == b"505", reply[:200]  # 505: HTTP/9.9
+    assert requests.get(f"{base}/readyz", timeout=10).json()["ready"] is True
+
+
+def test_a_stuck_pass_loop_fails_both() -> None:
+    e, base = served(ProbeSettings(live_after=300.0, stale_after=0.1))
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 0.0, 1.0)], 1.0)
+    time.sleep(0.3)  # no pass hands over verdicts meanwhile: the loop is stuck
+    for path in ("/readyz", "/livez"):
+        r = requests.get(f"{base}{path}", timeout=10)
+        assert r.status_code == 503 and "no pass for" in r.json()["watchdog"], path
+
+
+def test_the_state_directory_check(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    failures = [0]
+    check = StateDirCheck(state, lambda: failures[0], clock=iter(range(0, 1000, 10)).__next__)
+    assert check() == ""
+    failures[0] = 2
+    assert "2 event(s) in a row could not be written" in check()
+    failures[0] = 0
+    state.rmdir()
+    assert "No such file or directory" in check()
+    state.write_text("a file")
+    assert "not a directory" in check()
+    state.unlink()
+    state.mkdir()
+    assert check() == ""
+
+
+def test_the_daemon_takes_a_frozen_engine_out_then_calls_it_not_live(
+        tmp_path: Path, daemon_proc: list[subprocess.Popen[str]]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(FAST.replace("port = 0", f"port = {port}\nlive_after = 2.0"))
+    base = f"http://127.0.0.1:{port}"
+
+    def code(path: str) -> int:
+        try:
+            return requests.get(f"{base}{path}", timeout=5).status_code
+        except requests.RequestException:
+            return 0
+
+    with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
+        d = Daemon(cfg, tmp_path / "state", daemon_proc)
+        d.start("--url", url)
+        wait_for(lambda: code("/readyz") == 200, 30, "ready once idle")
+        assert code("/livez") == 200
+        (tmp_path / "state").rename(tmp_path / "moved")  # the state directory gone: the watchdog cannot vouch
+        wait_for(lambda: code("/readyz") == 503 and code("/livez") == 503, 30, "not ready, not live")
+        assert "cannot be used" in requests.get(f"{base}/readyz", timeout=5).json()["watchdog"]
+        (tmp_path / "moved").rename(tmp_path / "state")
+        wait_for(lambda: code("/readyz") == 200, 30, "ready again")
+        freeze(model)
+        wait_for(lambda: code("/readyz") == 503, 30, "out once frozen")
+        body = requests.get(f"{base}/readyz", timeout=5).json()
+        assert body["state"] == "frozen" and body["watchdog"] == "ok"
+        wait_for(lambda: code("/livez") == 503, 30, "not live after live_after")
+        live = requests.get(f"{base}/livez", timeout=5).json()
+        assert live["state"] == "frozen" and live["for_seconds"] >= live["live_after"] == 2.0
+        d.stop()
+    events = [json.loads(x) for x in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+    assert "frozen" in [e.get("to") for e in events]
