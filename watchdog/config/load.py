@@ -108,6 +108,8 @@ class IncidentsSection:
 class ExporterSection:
     listen: str = "127.0.0.1"
     port: int = 9830  # 0 turns the exporter off
+    # /livez fails once an engine has been frozen or down this long (the kubelet's restart as the last resort)
+    live_after: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +310,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"{src}: capture: give one of log_file, journal_unit, docker_container")
     if not 0 <= cfg.exporter.port <= 65535:
         raise ConfigError(f"{src}: exporter.port must be 0..65535, got {cfg.exporter.port}")
+    positive("exporter.live_after", cfg.exporter.live_after)
     if cfg.state.trace_max_bytes < 0:
         raise ConfigError(f"{src}: state.trace_max_bytes must be 0 or more")
     for name, check in (("alerts", check_alerts), ("gpu", check_gpu)):
