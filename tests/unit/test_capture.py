@@ -26,11 +26,11 @@ from watchdog.evidence.collect.capture import (
     Capturer,
     find_pyspy,
     proc_facts,
-    ptrace_scope_note,
     run_argv,
 )
 from watchdog.evidence.explain.findings import assess
 from watchdog.evidence.stacks.parse import parse_pyspy_json
+from watchdog.host.ptrace import scope_note
 from watchdog.nodes.protocol import dump_from_json, dump_to_json
 
 PYSPY = "/opt/fake/py-spy"
@@ -195,6 +195,13 @@ def test_run_argv_passes_arguments_verbatim_without_a_shell() -> None:
     assert rc == 0 and out.strip() == "['$(id)', 'a;b', '*']"
 
 
+def test_run_argv_exit_stderr_and_a_missing_program() -> None:
+    rc, out, err = run_argv(["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], 20)
+    assert (rc, out, err) == (3, "out\n", "err\n")
+    assert run_argv(["no-such-py-spy-for-the-watchdog"], 20) == (
+        127, "", "program not found: no-such-py-spy-for-the-watchdog")  # a result, never an exception
+
+
 def test_empty_output_with_rc0_is_a_failure() -> None:
     d = Capturer(PYSPY, runner=FakeRunner(lambda argv, n: (0, "  \n", ""))).dump_one(os.getpid())
     assert not d.ok and d.error.startswith("py-spy failed (exit 0)")
@@ -333,9 +340,8 @@ def test_real_pyspy_dump_of_a_stopped_process(sleeper: subprocess.Popen[bytes]) 
 def test_ptrace_scope_note(tmp_path: Path, scope: str, meaning: str) -> None:
     f = tmp_path / "ptrace_scope"
     f.write_text(scope + "\n")
-    assert ptrace_scope_note(f).startswith(f" (kernel.yama.ptrace_scope is {scope} here: ") and meaning in (
-        ptrace_scope_note(f))
-    assert ptrace_scope_note(tmp_path / "absent") == ""  # no Yama: nothing to say
+    assert scope_note(f).startswith(f" (kernel.yama.ptrace_scope is {scope} here: ") and meaning in scope_note(f)
+    assert scope_note(tmp_path / "absent") == ""  # no Yama: nothing to say
 
 
 def test_native_unreadable_falls_back_to_python_only_and_says_so() -> None:

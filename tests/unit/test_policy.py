@@ -30,9 +30,11 @@ def decide(kind: str = "frozen", restarts: tuple[float, ...] = (), **kw: object)
     return choose(kind, budget=B, restarts=list(restarts), now=NOW, **kw).choice  # type: ignore[arg-type]
 
 
-def test_backoff_doubles_up_to_the_maximum_as_tenacity_computes_it() -> None:
+def test_backoff_doubles_up_to_the_maximum() -> None:
     assert [B.backoff(n) for n in range(7)] == [0.0, 60.0, 120.0, 240.0, 480.0, 900.0, 900.0]
     assert Budget(backoff_initial=0.0).backoff(3) == 0.0
+    assert B.backoff(64) == B.backoff(5000) == 900.0  # past a float's range too: the maximum, never an error
+    assert Budget(backoff_initial=10.0, backoff_max=5.0).backoff(1) == 5.0  # the maximum holds from the first
 
 
 def test_budget_counts_only_the_window_and_what_came_after_a_reset() -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.act.restart import OUTPUT_TAIL_BYTES, LocalRunner, Restarter, RunResult
+from watchdog.act.restart import Restarter, RunResult
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.restart_plan import describe, docker_stop_time, plan
+from watchdog.host.run import OUTPUT_TAIL_BYTES, LocalRunner
 
 SYSTEMCTL = ("systemctl", "--no-ask-password")
 
@@ -204,7 +205,7 @@ def test_a_node_without_a_runner_is_named() -> None:
         Restarter(mixed_stack(), {"gpu2": FakeRunner(FakeClock())})
 
 
-# --- LocalRunner, for real
+# --- LocalRunner (watchdog.host.run), for real
 
 
 @pytest.fixture

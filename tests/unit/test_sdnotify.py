@@ -1,5 +1,6 @@
-"""sd_notify on a real unix datagram socket made by the test (a path and an abstract `@` name), and the watchdog
-ping: at half of WATCHDOG_USEC, only for WATCHDOG_PID, only when the loop asks."""
+"""sd_notify (libsystemd's, through systemd-python) on a real unix datagram socket made by the test (a path and an
+abstract `@` name), and the watchdog ping: at half of WATCHDOG_USEC, only for WATCHDOG_PID, only when the loop asks.
+libsystemd reads the process's own $NOTIFY_SOCKET: the tests that send set it there too."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.act.restart import LocalRunner
 from watchdog.evidence.collect.capture import Capturer, run_argv
 from watchdog.evidence.collect.context import LogSource, log_tail
 from watchdog.host.childenv import OURS_ALONE, child_env
+from watchdog.host.run import LocalRunner
 from watchdog.service.sdnotify import Notifier, notify_address, watchdog_interval
 
 SHOWN = (*OURS_ALONE, "WD_TEST_MARKER")
@@ -39,8 +40,10 @@ class Clock:
 
 
 @pytest.fixture(params=["path", "abstract"])
-def listener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
-    """(the NOTIFY_SOCKET value, the bound socket that receives what is sent to it)."""
+def listener(request: pytest.FixtureRequest, tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, socket.socket]]:
+    """(the NOTIFY_SOCKET value, the bound socket that receives what is sent to it); the value is in this process's
+    environment too, where libsystemd reads it."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     if request.param == "path":
         value = str(tmp_path / "notify.sock")
@@ -49,6 +52,7 @@ def listener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[s
         value = f"@engine-watchdog-test-{os.getpid()}-{threading.get_ident()}"
         sock.bind("\0" + value[1:])
     sock.settimeout(5)
+    monkeypatch.setenv("NOTIFY_SOCKET", value)
     yield value, sock
     sock.close()
 
@@ -125,6 +129,15 @@ def test_no_thread_pings_for_a_wedged_loop(listener: tuple[str, socket.socket]) 
     n.close()
 
 
+def test_by_default_the_process_environment_decides(listener: tuple[str, socket.socket]) -> None:
+    value, sock = listener
+    n = Notifier()
+    assert n.enabled and n.address == notify_address(value)
+    n.ready("up")
+    assert sock.recv(4096).decode().startswith("READY=1\nSTATUS=up") and n.sent == 1
+    n.close()
+
+
 def test_watchdog_pid_of_another_process_means_no_watchdog(listener: tuple[str, socket.socket]) -> None:
     value, sock = listener
     n = Notifier({"NOTIFY_SOCKET": value, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}, pid=os.getpid())
@@ -135,7 +148,8 @@ def test_watchdog_pid_of_another_process_means_no_watchdog(listener: tuple[str, 
     n.close()
 
 
-def test_watchdog_without_a_socket_sends_nothing() -> None:
+def test_watchdog_without_a_socket_sends_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     n = Notifier({"WATCHDOG_USEC": "2000000"})
     assert not n.enabled and n.ping_due_in() is None and not n.ping_if_due()
     n.ready("up")
@@ -164,9 +178,10 @@ def test_notify_socket_forms() -> None:
     assert not Notifier({"NOTIFY_SOCKET": "vsock:2:1234"}).enabled
 
 
-def test_a_socket_that_went_away_is_logged_once_and_never_raises(tmp_path: Path,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_socket_that_went_away_is_logged_once_and_never_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "gone.sock"
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
     clock = Clock()
     n = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}, clock)
     n.ready("up")

@@ -1,9 +1,9 @@
 """The restart policy: pure decisions over what is known now. No I/O, no clock: time arrives as data.
 
 ``choose`` answers one question for an open incident: restart now, wait, hold, give up, or only watch, and why.
-The restart budget (at most ``budget`` restarts per ``window`` seconds) and the backoff between restarts (tenacity's
-exponential wait: ``backoff_initial`` before the 2nd restart in the window, doubling, at most ``backoff_max``) are
-computed from the wall times of the restarts issued, which the daemon keeps on disk.
+The restart budget (at most ``budget`` restarts per ``window`` seconds) and the backoff between restarts
+(``backoff_initial`` before the 2nd restart in the window, doubling, at most ``backoff_max``) are computed from the
+wall times of the restarts issued, which the daemon keeps on disk.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-
-import tenacity
 
 from watchdog.config.act import RestartSection
 
@@ -56,10 +54,10 @@ class Budget:
         """Seconds to wait after the last restart when ``issued`` restarts are already in the window."""
         if issued <= 0 or self.backoff_initial <= 0:
             return 0.0
-        state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = issued
-        wait = tenacity.wait_exponential(multiplier=self.backoff_initial, max=self.backoff_max)
-        return float(wait(state))
+        try:
+            return min(self.backoff_initial * 2.0 ** (issued - 1), self.backoff_max)
+        except OverflowError:  # 2.0 ** 1024 and beyond: far past any maximum
+            return self.backoff_max
 
     def next_allowed(self, restarts: Sequence[float], now: float, reset_at: float = 0.0) -> float:
         recent = self.recent(restarts, now, reset_at)

@@ -107,6 +107,8 @@ class RecoveryRunner:
         started = self._wall()
         self.progress = Progress("proving", started, outcome=outcome)
         next_log, tries = started + self._log_every, 0
+        # not tenacity, though it retries one call: each try also updates `progress` and the periodic log, and a cancel
+        # must end the wait with no further try, which a Retrying says only through three callbacks
         while not self._cancel.is_set():
             ok, _answered, detail = self._generate()
             tries += 1

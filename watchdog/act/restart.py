@@ -12,125 +12,34 @@ records; a check that fails is reported there and never fails the restart.
 
 A step's timeout covers all its commands: each gets the time left in the step when it starts. ``Restarter.run``
 stops at the first failed command, a failed stop included: starting over a half-stopped stack is worse than
-leaving it to a human. The cancel event is checked between commands, never mid-command.
+leaving it to a human. The cancel event is checked between commands, never mid-command. A command on this host runs
+through `watchdog.host.run` (``LocalRunner``: its own session, its whole process group ended on timeout).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import shlex
-import signal
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 from watchdog.config.act import RestartSection
 from watchdog.config.nodes import NodeSection
 from watchdog.config.restart_plan import SHM_SKIPPED, argv_for, plan, secs, shm_check_at
-from watchdog.host.childenv import child_env
+from watchdog.host.run import LocalRunner, RunResult
+
+__all__ = ["LocalRunner", "RestartOutcome", "Restarter", "RunResult", "Runner", "ShmReport", "Sweeper"]
 
 log = logging.getLogger(__name__)
-
-OUTPUT_TAIL_BYTES = 2048
-KILL_GRACE = 2.0  # seconds from SIGTERM to SIGKILL for a timed-out command's process group
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    argv: tuple[str, ...]
-    rc: int | None  # None: it could not start, or it timed out
-    duration: float
-    timed_out: bool = False
-    output: str = ""  # the last ~2 KB of stdout and stderr, merged
-    error: str = ""  # "" when rc == 0, else what went wrong in a few words
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0 and not self.timed_out
 
 
 class Runner(Protocol):
     """Runs one argv with a timeout; never raises for a command that fails or cannot start."""
 
     def __call__(self, argv: Sequence[str], timeout: float) -> RunResult: ...
-
-
-class LocalRunner:
-    """Runs a command on this host in a session of its own; on timeout, ends its whole process group."""
-
-    def __init__(self, kill_grace: float = KILL_GRACE) -> None:
-        self.kill_grace = kill_grace
-
-    def __call__(self, argv: Sequence[str], timeout: float) -> RunResult:
-        args = tuple(argv)
-        started = time.monotonic()
-        if not args:
-            return RunResult(args, None, 0.0, error="empty command")
-        # Output goes to a file, not a pipe: a grandchild holding it open cannot keep us waiting.
-        with tempfile.TemporaryFile() as out:
-            try:
-                child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True, env=child_env())
-            except OSError as e:
-                reason = ("program not found" if isinstance(e, FileNotFoundError) else "permission denied"
-                          if isinstance(e, PermissionError) else f"cannot run ({e.strerror or e})")
-                return RunResult(args, None, time.monotonic() - started, error=f"{reason}: {args[0]}")
-            try:
-                rc: int | None = child.wait(timeout=max(timeout, 0.0))
-            except subprocess.TimeoutExpired:
-                rc = None
-                self._end_group(child)
-            duration = time.monotonic() - started
-            output = _tail(out)
-        if rc is None:
-            return RunResult(args, None, duration, True, output, f"timed out after {secs(timeout)}s")
-        return RunResult(args, rc, duration, False, output, _exit_error(rc))
-
-    def _end_group(self, child: subprocess.Popen[bytes]) -> None:
-        """SIGTERM to the group (pgid = the child's pid), a short grace, then SIGKILL to whatever is left."""
-        _signal_group(child.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.kill_grace
-        while time.monotonic() < deadline:
-            child.poll()  # reap the child, so an empty group reads as gone
-            if not _signal_group(child.pid, 0):
-                break
-            time.sleep(0.05)
-        _signal_group(child.pid, signal.SIGKILL)
-        try:
-            child.wait(timeout=self.kill_grace)
-        except subprocess.TimeoutExpired:  # stuck in the kernel (D state): give up, do not hang the restart
-            log.warning("restart: pid %d survived SIGKILL for %ss", child.pid, secs(self.kill_grace))
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Signal a process group; False when it no longer exists."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a member we may not signal (it changed its uid): it still exists
-        pass
-    return True
-
-
-def _tail(out: IO[bytes]) -> str:
-    size = out.seek(0, os.SEEK_END)
-    out.seek(max(0, size - OUTPUT_TAIL_BYTES))
-    return out.read().decode("utf-8", errors="replace")
-
-
-def _exit_error(rc: int) -> str:
-    if rc >= 0:
-        return f"exit status {rc}" if rc else ""
-    try:
-        return f"killed by {signal.Signals(-rc).name}"
-    except ValueError:
-        return f"killed by signal {-rc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +128,7 @@ class Restarter:
             records.append({"what": "shm check", "node": "", "ok": True, "seconds": 0.0, "error": SHM_SKIPPED,
                             "stale": 0, "removed": 0})
             log.warning("restart: /dev/shm %s", SHM_SKIPPED)
+        # each command once, in order: a failed one is never retried (see the module's docstring), so no tenacity here
         for i, command in enumerate(self.commands):
             if cancel is not None and cancel.is_set():
                 log.info("restart: cancelled before %s", command.description)

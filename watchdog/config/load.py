@@ -214,21 +214,22 @@ def _build(raw: dict[str, Any], source: str) -> Config:
     for name, values in raw.items():
         if name == "nodes":  # the one top-level list of tables: [[nodes]]
             if not isinstance(values, list | tuple) or not all(isinstance(v, dict) for v in values):
-                raise ConfigError(f"{source}: nodes must be a list of tables ([[nodes]]), got {_tname(values)}")
-            sections[name] = tuple(_section(NodeSection, f"nodes[{i}]", v, source) for i, v in enumerate(values))
+                raise ConfigError(f"{source}: nodes must be a list of tables ([[nodes]]), got {type_name(values)}")
+            sections[name] = tuple(parse_section(NodeSection, f"nodes[{i}]", v, source) for i, v in enumerate(values))
             continue
         cls = _SECTIONS.get(name)
         if cls is None:
             raise ConfigError(f"{source}: unknown key {name!r} (known sections: {', '.join(_SECTIONS)}, nodes)")
         if not isinstance(values, dict):
-            raise ConfigError(f"{source}: {name} must be a table ([{name}]), got {_tname(values)}")
-        sections[name] = _section(cls, name, values, source)
+            raise ConfigError(f"{source}: {name} must be a table ([{name}]), got {type_name(values)}")
+        sections[name] = parse_section(cls, name, values, source)
     cfg = Config(**sections, source=source)
     _validate(cfg)
     return cfg
 
 
-def _section(cls: type, name: str, values: dict[str, Any], source: str) -> Any:
+def parse_section(cls: type, name: str, values: dict[str, Any], source: str) -> Any:
+    """The dataclass ``cls`` from one TOML table: unknown keys and wrong types a ConfigError naming the key."""
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
@@ -239,8 +240,8 @@ def _section(cls: type, name: str, values: dict[str, Any], source: str) -> Any:
         if table is not None:
             if not isinstance(value, list | tuple) or not all(isinstance(v, dict) for v in value):
                 raise ConfigError(f"{source}: {name}.{key} must be a list of tables ([[{name}.{key}]]), "
-                                  f"got {_tname(value)}")
-            kwargs[key] = tuple(_section(table, f"{name}.{key}[{i}]", v, source) for i, v in enumerate(value))
+                                  f"got {type_name(value)}")
+            kwargs[key] = tuple(parse_section(table, f"{name}.{key}[{i}]", v, source) for i, v in enumerate(value))
         else:
             kwargs[key] = _typed(hints[key], value, f"{source}: {name}.{key}")
     return cls(**kwargs)
@@ -251,30 +252,31 @@ def _typed(hint: Any, value: Any, where: str) -> Any:
         hint = next(h for h in typing.get_args(hint) if h is not type(None))
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {_tname(value)} {value!r}")
+            raise ConfigError(f"{where}: expected true or false, got {type_name(value)} {value!r}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected a whole number, got {_tname(value)} {value!r}")
+            raise ConfigError(f"{where}: expected a whole number, got {type_name(value)} {value!r}")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {_tname(value)} {value!r}")
+            raise ConfigError(f"{where}: expected a number, got {type_name(value)} {value!r}")
         if not math.isfinite(value):
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if typing.get_origin(hint) is tuple:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: expected a list of strings, got {_tname(value)} {value!r}")
+            raise ConfigError(f"{where}: expected a list of strings, got {type_name(value)} {value!r}")
         return tuple(value)
     if hint is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {_tname(value)} {value!r}")
+            raise ConfigError(f"{where}: expected a string, got {type_name(value)} {value!r}")
         return value
     raise ConfigError(f"{where}: unsupported setting type {hint!r}")  # pragma: no cover - a bug in this module
 
 
-def _tname(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """A TOML value's type in words, for a ConfigError."""
     return {bool: "a boolean", int: "a whole number", float: "a number", str: "a string",
             list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
 

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from watchdog import __version__
-from watchdog.act.restart import LocalRunner
 from watchdog.config.load import ConfigError
 from watchdog.config.nodes import MAX_LOG_LINES
 from watchdog.evidence.collect.capture import Capturer, find_pyspy
 from watchdog.evidence.collect.context import LogSource, installed_versions, log_tail
 from watchdog.evidence.collect.discover import discover
+from watchdog.host.ptrace import attach_check
+from watchdog.host.run import LocalRunner
 from watchdog.nodes.agent_config import DEFAULT_PATH, AgentConfig, load_agent_config, normal
 from watchdog.nodes.protocol import (
     MAX_REQUEST_BYTES,
@@ -40,7 +41,7 @@ from watchdog.nodes.protocol import (
     want_list,
     want_number,
 )
-from watchdog.nodes.ranks import RankTracker, ptrace_check
+from watchdog.nodes.ranks import RankTracker
 from watchdog.nodes.shm import shm_segments
 
 log = logging.getLogger("watchdog.agent")
@@ -70,7 +71,7 @@ class Agent:
 
     def verb_version(self, args: dict[str, Any]) -> dict[str, Any]:
         procs = self.processes()
-        allowed, why = ptrace_check()
+        allowed, why = attach_check()
         return {"version": __version__, "protocol": PROTOCOL, "hostname": socket.gethostname(), "time": time.time(),
                 "pyspy": self.pyspy, "ptrace_allowed": allowed, "ptrace": why,
                 "ranks": [p.title for p in procs if p.ranks], "processes": len(procs)}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.config.act import RestartSection, StepSection, check_restart
-from watchdog.config.load import ConfigError, _section, _tname
+from watchdog.config.load import ConfigError, parse_section, type_name
 from watchdog.config.restart_plan import plan
 
 DEFAULT_PATH = "/etc/engine-watchdog/agent.toml"
@@ -82,9 +82,9 @@ def load_agent_config(path: str) -> AgentConfig:
         raise ConfigError(f"{path}: cannot read: {e}") from None
     steps = raw.pop("steps", [])
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
-        raise ConfigError(f"{path}: steps must be a list of tables ([[steps]]), got {_tname(steps)}")
-    parsed = tuple(_section(StepSection, f"steps[{i}]", s, path) for i, s in enumerate(steps))
-    cfg: AgentConfig = _section(_Top, "agent", raw, path).build(parsed, path)
+        raise ConfigError(f"{path}: steps must be a list of tables ([[steps]]), got {type_name(steps)}")
+    parsed = tuple(parse_section(StepSection, f"steps[{i}]", s, path) for i, s in enumerate(steps))
+    cfg: AgentConfig = parse_section(_Top, "agent", raw, path).build(parsed, path)
     try:
         check_restart(RestartSection(steps=cfg.steps), ("local",))
     except ValueError as e:

@@ -8,7 +8,6 @@ reported as gone until a new process with its title appears (a restart).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 from watchdog.core.processes import EngineProcess
 from watchdog.nodes.protocol import RANK_STATES
 
-CAP_SYS_PTRACE = 19
 GONE_REDISCOVER = 5.0  # seconds between discoveries while a rank is reported gone (waiting for its successor)
 
 
@@ -75,22 +73,3 @@ class RankTracker:
                        for pid, (p, _) in self.known.items() if pid not in known_pids]
         return report + list(self.gone.values())
 
-
-def ptrace_check() -> tuple[bool, str]:
-    """Whether py-spy may attach to the engine here: CAP_SYS_PTRACE in effect and Yama not at 3."""
-    try:
-        scope = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
-    except OSError:
-        scope = ""
-    if scope == "3":
-        return False, "kernel.yama.ptrace_scope is 3: no attach at all"
-    try:
-        status = Path("/proc/self/status").read_text()
-        cap_eff = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff:")), 16)
-    except (OSError, StopIteration, ValueError):
-        cap_eff = 0
-    if cap_eff & (1 << CAP_SYS_PTRACE):
-        return True, "CAP_SYS_PTRACE" + (f", ptrace_scope {scope}" if scope else "")
-    if scope in ("", "0") and os.geteuid() != 0:
-        return True, "same user, ptrace_scope 0 (no CAP_SYS_PTRACE: only this user's processes)"
-    return False, f"no CAP_SYS_PTRACE (ptrace_scope {scope or 'absent'}): run the agent as root or give it the cap"

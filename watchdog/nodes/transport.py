@@ -3,28 +3,28 @@ learned on first use), and one multiplexed connection per node, so that a call c
 
 The shared connection is a ``ssh -M -N`` master this object starts and owns (its own session; ended by its pid in
 `close`), with its socket in a private directory (0700). Every call is ``ssh -o ControlMaster=no ... -- <verb>``
-through it: the arguments as JSON on stdin, the answer read with a deadline and a byte cap; past either, the call's
-own ssh process group is killed. No port of ours listens anywhere.
+through it, run by `watchdog.host.run.communicate`: the arguments as JSON on stdin, the answer read with a deadline
+and a byte cap; past either, the call's own ssh process group is ended. No port of ours listens anywhere.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import selectors
-import signal
 import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from watchdog.config.nodes import NodeSection
 from watchdog.host.childenv import child_env
+from watchdog.host.run import communicate, end_group
 from watchdog.nodes.protocol import ProtocolError, parse_answer
+
+KILL_GRACE = 1.0  # seconds from SIGTERM to SIGKILL for an ssh process we end
+MAX_STDERR = 64 * 1024
 
 
 class NodeError(Exception):
@@ -50,58 +50,6 @@ def classify_ssh(stderr: str) -> tuple[str, str]:
             or "connection reset" in low:
         return "unreachable", "cannot reach the node: " + stderr.strip().splitlines()[-1][:200]
     return "unreachable", "ssh failed: " + (stderr.strip()[-300:] or "no message")
-
-
-@dataclass(frozen=True, slots=True)
-class Raw:
-    rc: int | None
-    out: bytes
-    err: bytes
-    timed_out: bool = False
-    too_big: bool = False
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def bounded(proc: subprocess.Popen[bytes], data: bytes, timeout: float, max_bytes: int) -> Raw:
-    """Send ``data``, read stdout and stderr until EOF, the deadline or the cap; kill the group past either."""
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    try:
-        proc.stdin.write(data)
-        proc.stdin.close()
-    except OSError:
-        pass
-    out, err = bytearray(), bytearray()
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ, out)
-        sel.register(proc.stderr, selectors.EVENT_READ, err)
-        open_ = 2
-        while open_:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                _kill_group(proc)
-                return Raw(None, bytes(out), bytes(err), timed_out=True)
-            for key, _ in sel.select(left):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    open_ -= 1
-                    continue
-                key.data.extend(chunk)
-                if len(out) > max_bytes or len(err) > 64 * 1024:
-                    _kill_group(proc)
-                    return Raw(None, bytes(out[:max_bytes]), bytes(err[:65536]), too_big=True)
-    try:
-        rc = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        return Raw(None, bytes(out), bytes(err), timed_out=True)
-    return Raw(rc, bytes(out), bytes(err))
 
 
 class NodeLink:
@@ -137,6 +85,7 @@ class NodeLink:
                 return
             self._close_master()
             errlog = self.dir / f"{self.node.name}.master.log"
+            # a Popen of its own, not `host.run`: the master lives as long as the link, it does not run to completion
             with open(errlog, "wb") as err:
                 self._master = subprocess.Popen(
                     self.argv("-M", "-N", "-o", "ControlMaster=yes", "-o", "ControlPersist=no", "--",
@@ -144,6 +93,8 @@ class NodeLink:
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                     env=child_env())
             deadline = time.monotonic() + self.node.connect_timeout + 2
+            # not tenacity: this waits for the master's socket to appear while watching the master itself, it retries
+            # no call (a master that exits is the answer, at once)
             while time.monotonic() < deadline:
                 if self.socket.exists():
                     return
@@ -157,7 +108,7 @@ class NodeLink:
     def _close_master(self) -> None:
         if self._master is not None:
             if self._master.poll() is None:
-                _kill_group(self._master)
+                end_group(self._master, KILL_GRACE)
             self._master.wait()
             self._master = None
         self.socket.unlink(missing_ok=True)
@@ -170,27 +121,35 @@ class NodeLink:
                 f.unlink(missing_ok=True)
             self.dir.rmdir()
 
+    def verb_argv(self, verb: str) -> list[str]:
+        """The ssh command line running ``verb`` on the node through the shared connection."""
+        return self.argv("-o", "ControlMaster=no", "--", self.node.host, verb)
+
     def start(self, verb: str) -> subprocess.Popen[bytes]:
-        """An ssh session running ``verb`` on the node through the shared connection, in its own session."""
+        """A long-lived ssh session running ``verb`` (a stream: `watch`), in its own session; the caller ends it."""
         self.connect()
-        return subprocess.Popen(self.argv("-o", "ControlMaster=no", "--", self.node.host, verb),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, env=child_env())
+        return subprocess.Popen(self.verb_argv(verb), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, env=child_env())
 
     def call(self, verb: str, args: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
         """One verb, its answer; NodeError for every failure (unreachable, refused, too slow, too big)."""
         limit = timeout if timeout is not None else self.node.call_timeout
-        raw = bounded(self.start(verb), json.dumps(args or {}).encode(), limit, self.node.max_bytes)
+        self.connect()
+        raw = communicate(self.verb_argv(verb), limit, json.dumps(args or {}).encode(), self.node.max_bytes,
+                          MAX_STDERR, KILL_GRACE)
         name = self.node.name
         if raw.timed_out:
             raise NodeError(name, "timeout", f"{verb}: no answer within {limit:g}s (the call was ended)")
         if raw.too_big:
             raise NodeError(name, "too_big", f"{verb}: answer over {self.node.max_bytes} bytes (the call was ended)")
-        if raw.rc == 255 and not raw.out:
-            kind, message = classify_ssh(raw.err.decode(errors="replace"))
+        if raw.rc is None:  # ssh itself could not start
+            raise NodeError(name, "unreachable", f"{verb}: {raw.error}")
+        if raw.rc == 255 and not raw.stdout:
+            kind, message = classify_ssh(raw.stderr.decode(errors="replace"))
             raise NodeError(name, kind, f"{verb}: {message}")
+        out = raw.stdout.strip()
         try:
-            return parse_answer(raw.out.strip().splitlines()[-1] if raw.out.strip() else b"")
+            return parse_answer(out.splitlines()[-1] if out else b"")
         except ProtocolError as e:
-            kind = "refused" if raw.out.strip() and b'"ok": false' in raw.out else "agent"
+            kind = "refused" if out and b'"ok": false' in raw.stdout else "agent"
             raise NodeError(name, kind, f"{verb}: {e}") from None

@@ -43,6 +43,8 @@ class LivenessStream:
 
     def _run(self) -> None:
         backoff = 0.5
+        # not tenacity: this keeps a stream open for the watch's life (it is started again even when it ends cleanly,
+        # and every report read resets the backoff), a supervisor loop with no call that succeeds and stops it
         while not self._stop.is_set():
             try:
                 self._proc = self.link.start("liveness")

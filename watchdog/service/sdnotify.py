@@ -1,19 +1,21 @@
 """systemd integration at the edge: sd_notify and journald logging, both no-ops outside systemd.
 
-``Notifier`` speaks the sd_notify datagram protocol itself (a few lines, no library): ``NOTIFY_SOCKET`` is a
-path or, with a leading ``@``, an abstract socket. With ``WatchdogSec=`` systemd sets ``WATCHDOG_USEC`` (and
-``WATCHDOG_PID``); the Notifier then pings ``WATCHDOG=1`` at half that interval, but only when the loop asks
-(``ping_if_due``): there is no thread, so a wedged loop stops pinging and systemd restarts the service.
+``Notifier`` sends through libsystemd's ``sd_notify`` (``systemd.daemon.notify``, from systemd-python, the package
+that also gives the journal handler), which writes to the process's ``$NOTIFY_SOCKET``: a path or, with a leading
+``@``, an abstract socket. With ``WatchdogSec=`` systemd sets ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``); the Notifier
+then pings ``WATCHDOG=1`` at half that interval, but only when the loop asks (``ping_if_due``): there is no thread,
+so a wedged loop stops pinging and systemd restarts the service.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
+
+from systemd import daemon
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,11 @@ def watchdog_interval(environ: Mapping[str, str], pid: int) -> float | None:
 
 
 class Notifier:
-    """sd_notify when ``NOTIFY_SOCKET`` is set; every method is a no-op otherwise. Used by the loop's thread only."""
+    """sd_notify when ``NOTIFY_SOCKET`` is set; every method is a no-op otherwise. Used by the loop's thread only.
+
+    ``environ`` (default: the process's) says whether to notify and how often to ping; the datagrams go where
+    libsystemd reads them to go, the process's own ``$NOTIFY_SOCKET`` (a test that passes an ``environ`` sets that
+    too)."""
 
     def __init__(self, environ: Mapping[str, str] | None = None, clock: Callable[[], float] = time.monotonic,
                  pid: int | None = None) -> None:
@@ -58,7 +64,6 @@ class Notifier:
         self._clock = clock
         self._last_ping: float | None = None
         self._status: str | None = None
-        self._sock: socket.socket | None = None
         self._failing = False
         self.sent = 0  # datagrams sent, for tests and benchmarks
 
@@ -67,17 +72,16 @@ class Notifier:
         if self.address is None or not fields:
             return False
         try:
-            if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.sendto("\n".join(fields).encode(), self.address)
+            sent = bool(daemon.notify("\n".join(fields)))  # False: no $NOTIFY_SOCKET in the process's environment
         except OSError as e:
+            sent = False
             if not self._failing:
                 log.warning("sd_notify to %s failed: %s", self.address.replace("\0", "@"), e)
             self._failing = True
-            return False
-        self._failing = False
-        self.sent += 1
-        return True
+        if sent:
+            self._failing = False
+            self.sent += 1
+        return sent
 
     def ping_due_in(self) -> float | None:
         """Seconds until a ``WATCHDOG=1`` is due (0 when overdue); None when systemd's watchdog is off."""
@@ -106,9 +110,7 @@ class Notifier:
         self.send("STOPPING=1", "STATUS=stopping")
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        """Nothing to release: libsystemd opens a socket for each notification."""
 
     def _send_with_ping(self, fields: list[str], always: bool = False) -> bool:
         due = self.ping_due_in()

@@ -24,6 +24,7 @@ from watchdog.evidence.collect.discover import discover
 from watchdog.evidence.explain.findings import Findings, PageWork, assess
 from watchdog.evidence.gpu.gather import gather_gpu
 from watchdog.evidence.gpu.nvml import GpuMonitor
+from watchdog.host.ptrace import attach_forbidden
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.page import PageError, read_page
 
@@ -68,11 +69,8 @@ class Investigator:
         problems = []
         if self.capturer.pyspy is None:
             problems.append(MISSING_HINT)
-        try:
-            if Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip() == "3":
-                problems.append(PTRACE_HINT)
-        except OSError:
-            pass
+        if attach_forbidden():
+            problems.append(PTRACE_HINT)
         return problems
 
     def page_work(self, engine: str) -> PageWork | None:

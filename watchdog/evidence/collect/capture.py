@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,25 +23,17 @@ from typing import Protocol
 import psutil
 
 from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, ProcFacts
-from watchdog.host.childenv import child_env
+from watchdog.host.ptrace import scope_note
+from watchdog.host.run import communicate
 
 log = logging.getLogger(__name__)
 
 PTRACE_HINT = ("ptrace was denied: run the watchdog as root or with CAP_SYS_PTRACE (AmbientCapabilities="
                "CAP_SYS_PTRACE in its unit; --cap-add SYS_PTRACE for a container), and check "
                "/proc/sys/kernel/yama/ptrace_scope (3 forbids ptrace entirely)")
+MAX_OUTPUT = 64 * 1024 * 1024  # each of stdout and stderr: a py-spy dump of thousands of threads stays well below
+KILL_GRACE = 0.5  # py-spy ends at SIGTERM; kept short, as the capture's worst case (`deadlines`) counts only timeouts
 MISSING_HINT = "py-spy was not found: install it into the watchdog's venv (pip install py-spy) or set capture.pyspy"
-
-
-def ptrace_scope_note(path: Path = Path("/proc/sys/kernel/yama/ptrace_scope")) -> str:
-    """What kernel.yama.ptrace_scope is here, for the denied hint (nothing when there is no Yama)."""
-    try:
-        scope = path.read_text().strip()
-    except OSError:
-        return ""
-    meaning = {"0": "classic", "1": "restricted: only descendants, unless CAP_SYS_PTRACE",
-               "2": "admin-only: CAP_SYS_PTRACE needed", "3": "no attach at all, until reboot"}.get(scope, "unknown")
-    return f" (kernel.yama.ptrace_scope is {scope} here: {meaning})"
 
 
 class DumpRunner(Protocol):
@@ -50,12 +41,17 @@ class DumpRunner(Protocol):
 
 
 def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
-    """The real runner: an argv list, never a shell, with a timeout, without systemd's notify variables."""
-    try:
-        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False, env=child_env())
-    except subprocess.TimeoutExpired:
+    """The real runner (`watchdog.host.run.communicate`: an argv, never a shell, in a session of its own, without
+    systemd's notify variables): (exit status, stdout, stderr); 124 when it timed out (its process group ended),
+    127 when it could not start, 1 when its output was past the cap."""
+    r = communicate(argv, timeout, max_out=MAX_OUTPUT, max_err=MAX_OUTPUT,  # docker logs: the log on stderr
+                    kill_grace=KILL_GRACE)
+    if r.timed_out:
         return 124, "", f"timed out after {timeout:g}s"
-    return r.returncode, r.stdout, r.stderr
+    out, err = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+    if r.rc is None:
+        return (1, out, err + r.error) if r.too_big else (127, "", r.error)
+    return r.rc, out, err
 
 
 def find_pyspy(configured: str = "") -> str | None:
@@ -154,7 +150,7 @@ class Capturer:
         if kind == Failure.GONE:
             return "the process exited during the capture"
         if kind == Failure.DENIED:
-            return PTRACE_HINT + ptrace_scope_note()
+            return PTRACE_HINT + scope_note()
         if kind == Failure.TIMEOUT:
             seen = ""
             if facts:

@@ -1,0 +1,143 @@
+"""watchdog.host.run for real: exit status in words, programs that cannot start, timeouts that end the whole process
+group (a grandchild that ignores SIGTERM included), stdin data, and the byte caps of `communicate`.
+
+Every command runs in a session of its own (that is the module's promise); each test writes down the group ids its
+commands report, and the fixture kills each of those groups by its id at teardown, should the module have failed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from watchdog.host.run import KILL_GRACE, LocalRunner, communicate, exit_text, run
+
+# the command (a shell, its own group's leader) starts a grandchild that ignores SIGTERM, writes "<its pid> <the
+# grandchild's pid>" to $1, and waits
+STUBBORN = '(trap "" TERM; exec sleep 60) & echo "$$ $!" > "$1"; wait'
+
+
+@pytest.fixture
+def groups() -> Iterator[list[int]]:
+    pgids: list[int] = []
+    yield pgids
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def read_pids(path: Path) -> list[int]:
+    deadline = time.monotonic() + 10
+    while not path.exists() or not path.read_text().endswith("\n"):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+    return [int(x) for x in path.read_text().split()]
+
+
+def is_gone(pid: int, wait: float = 5.0) -> bool:
+    """True once the pid no longer exists (a zombie left for a slow init to reap counts as gone after ``wait``)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def test_exit_status_in_words() -> None:
+    assert exit_text(0) == "" and exit_text(3) == "exit status 3"
+    assert exit_text(-9) == "killed by SIGKILL" and exit_text(-200) == "killed by signal 200"
+    killed = run(["/bin/sh", "-c", "kill -TERM $$"], 10)
+    assert killed.rc == -15 and killed.error == "killed by SIGTERM" and not killed.ok
+    failed = communicate(["/bin/sh", "-c", "echo out; echo err >&2; exit 4"], 10)
+    assert (failed.rc, failed.error, failed.stdout, failed.stderr) == (4, "exit status 4", b"out\n", b"err\n")
+    ok = communicate([sys.executable, "-c", "print('fine')"], 20)
+    assert ok.ok and ok.error == "" and ok.stdout == b"fine\n" and not ok.timed_out and not ok.too_big
+
+
+@pytest.mark.parametrize("how", ["run", "communicate"])
+def test_a_program_that_cannot_start_is_a_result(how: str, tmp_path: Path) -> None:
+    call = run if how == "run" else communicate
+    missing = call(["no-such-program-for-the-watchdog"], 10)
+    assert missing.rc is None and missing.error == "program not found: no-such-program-for-the-watchdog"
+    assert not missing.ok and not missing.timed_out
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    assert call([str(script)], 10).error == f"permission denied: {script}"
+    assert call([], 10).error == "empty command"
+
+
+@pytest.mark.parametrize("how", ["run", "communicate"])
+def test_timeout_ends_the_whole_group_a_grandchild_ignoring_sigterm_too(how: str, tmp_path: Path,
+                                                                        groups: list[int]) -> None:
+    pid_file = tmp_path / "pids"
+    argv = ["/bin/sh", "-c", STUBBORN, "sh", str(pid_file)]
+    grace = 1.0
+    result = run(argv, 1.0, grace) if how == "run" else communicate(argv, 1.0, b"{}", kill_grace=grace)
+    child, grandchild = read_pids(pid_file)
+    groups.append(child)  # the group, should the module have failed to end it
+    assert os.getpgid(os.getpid()) != child  # its own group, not ours
+    assert result.timed_out and result.rc is None and not result.ok
+    assert result.error == "timed out after 1s"
+    # SIGTERM ended the shell, not the grandchild: the group lived on for the grace, then SIGKILL
+    assert 1.0 + grace * 0.9 <= result.duration < 1.0 + grace + 8
+    assert is_gone(grandchild) and is_gone(child)
+
+
+def test_communicate_waits_for_both_pipes_and_ends_a_grandchild_holding_them(tmp_path: Path,
+                                                                             groups: list[int]) -> None:
+    """The answer is whole only when stdout closes: a grandchild holding it is ended with the group at the deadline
+    (`run` writes to a file instead and does not wait for it: tests/unit/test_restart.py)."""
+    pid_file = tmp_path / "pids"
+    result = communicate(["/bin/sh", "-c", 'sleep 60 & echo "$$ $!" > "$1"; echo started', "sh", str(pid_file)],
+                         1.0, kill_grace=0.5)
+    child, grandchild = read_pids(pid_file)
+    groups.append(child)
+    assert result.timed_out and result.stdout == b"started\n"
+    assert is_gone(grandchild)
+
+
+def test_stdin_data_larger_than_a_pipe_is_written_whole() -> None:
+    data = bytes(range(256)) * 2000  # 512 KB: many times a pipe's buffer
+    result = communicate(["cat"], 20, data)
+    assert result.ok and result.stdout == data
+
+
+def test_a_command_that_never_reads_its_stdin_cannot_block_the_write() -> None:
+    result = communicate(["/bin/sh", "-c", "exec 0<&-; sleep 0.2; echo done"], 20, b"x" * 1024 * 1024)
+    assert result.ok and result.stdout == b"done\n" and result.duration < 10
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_the_byte_cap_ends_a_flood(stream: str, tmp_path: Path, groups: list[int]) -> None:
+    pid_file = tmp_path / "pid"
+    fd = 1 if stream == "stdout" else 2
+    flood = (f"import os, sys, time\nopen({str(pid_file)!r}, 'w').write(f'{{os.getpid()}}\\n')\n"
+             f"os.write({fd}, b'y' * 200000)\ntime.sleep(60)\n")
+    started = time.monotonic()
+    result = communicate([sys.executable, "-c", flood], 30, max_out=1000, max_err=500, kill_grace=0.5)
+    [pid] = read_pids(pid_file)
+    groups.append(pid)
+    assert time.monotonic() - started < 20  # well before the sleep or the timeout
+    assert result.too_big and result.rc is None and not result.timed_out and not result.ok
+    cap = 1000 if stream == "stdout" else 500
+    assert getattr(result, stream) == b"y" * cap
+    assert result.error == f"{stream} over {cap} bytes: ended"
+    assert is_gone(pid)
+
+
+def test_local_runner_is_run_with_its_grace() -> None:
+    assert LocalRunner().kill_grace == KILL_GRACE
+    result = LocalRunner(kill_grace=0.5)(["/bin/sh", "-c", "echo hi; exit 2"], 10)
+    assert result.rc == 2 and result.error == "exit status 2" and result.output == "hi\n"
