@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.facts import line_of, says
 from watchdog.act.state import save_status
 from watchdog.cli.act import cmd_status
 from watchdog.config.load import CaptureSection, Config, JudgeSection, StateSection
@@ -86,9 +87,8 @@ def test_warning_at_half_the_deadline(confirm: float, deadline: str, warned: boo
     r = report([proc({"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": deadline})], confirm)
     assert r.ok is not warned
     if warned:
-        assert "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=" + deadline in r.warning
-        assert "environment of pid 10 (VLLM::EngineCore)" in r.warning
-        assert f"{confirm:.0f}s" in r.warning
+        assert says(r.warning, f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={deadline}", "environment", "pid 10",
+                    "VLLM::EngineCore", f"{confirm:.0f}s"), r.warning
     else:
         assert r.warning == ""
 
@@ -147,9 +147,9 @@ def test_read_a_process_that_is_gone() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     p.wait(timeout=10)
     [got] = read_settings([EngineProcess(p.pid, Role.WORKER, "VLLM::Worker_TP1")])
-    assert got.error == "it exited while being read" and got.env == {}
+    assert says(got.error, "exited") and got.env == {}
     r = report([got], 43.0)
-    assert r.problems == (f"pid {p.pid} (VLLM::Worker_TP1): it exited while being read",)
+    assert len(r.problems) == 1 and says(r.problems[0], f"pid {p.pid}", "VLLM::Worker_TP1", "exited"), r.problems
     assert r.earliest is not None and r.earliest.where.startswith("vLLM's default")
 
 
@@ -159,5 +159,6 @@ def test_status_shows_the_deadlines(tmp_path: Path, capsys: pytest.CaptureFixtur
     save_status(state, {"time": time.time(), "interval": 1.0, "engines": [], "deadlines": d})
     cmd_status(Config(state=StateSection(dir=str(state))), argparse.Namespace(json=False))
     out = capsys.readouterr().out
-    assert "deadline: VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (environment of pid 10 (VLLM::EngineCore)): 60s" in out
-    assert "WARNING: the watchdog needs up to 43s" in out
+    assert says(line_of(out, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"), "deadline", "environment", "pid 10",
+                "VLLM::EngineCore", "60s"), out
+    assert says(line_of(out, "WARNING"), "43s"), out

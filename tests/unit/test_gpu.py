@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.facts import says
 from tests.fakes import FakeGpuSource
 from watchdog.core.processes import EngineProcess
 from watchdog.core.roles import Role
@@ -90,7 +91,7 @@ def test_window_ranks_and_sentences() -> None:
     named = attach_ranks(readings, procs)
     assert named[0].ranks == ("VLLM::Worker_TP0",) and named[1].ranks == ("VLLM::Worker_TP1",)
     line = summary_line(named[0])
-    assert line.startswith("GPU 0 (VLLM::Worker_TP0): spinning: busy at idle power")
+    assert says(line, "GPU 0", "VLLM::Worker_TP0", "spinning", "idle power") and not says(line, "VLLM::Worker_TP1")
     assert "agrees" in corroborate("device_wait", named[0])
     assert "idle" in corroborate("unknown", named[1])
     assert corroborate("device_wait", None) == ""

@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from tests.facts import clause_of, says
 from watchdog.core.roles import ranks_of
 from watchdog.evidence.explain.frame_rules import _main
 from watchdog.evidence.explain.ranks import classify
@@ -42,8 +43,8 @@ def test_real_hang_names_rank1_from_stacks_power_and_ras() -> None:
     v = gpu_culprit(views, ras)
     assert (v.culprit, v.rank) == ("Worker_TP1", 1)
     assert v.sources == ("nccl_ras", "stacks+power")
-    assert "rank 1 (Worker_TP1) busy at idle power waits on its own device" in v.reason
-    assert "rank 0 (Worker_TP0) busy at idle power is blocked launching a kernel" in v.reason
+    assert says(clause_of(v.reason, "Worker_TP1"), "rank 1", "idle power", "own device"), v.reason
+    assert says(clause_of(v.reason, "Worker_TP0"), "rank 0", "idle power", "launching"), v.reason
 
 
 def test_stacks_and_power_alone_name_the_culprit_and_follow_the_roles() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tests.facts import clause_of, says
 from tests.unit.test_evidence_bundle import (
     API,
     API_FRAMES,
@@ -73,12 +74,12 @@ def test_movement_in_the_engine_loop_burning_cpu_is_a_livelock() -> None:
     for page in (PageWork(running=2, waiting=0), None):  # CPU and stacks alone decide; the page adds words
         f = assess(cap, work_pending=True, page=page)
         assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
-        assert f.reason.startswith("livelock: EngineCore turns its own loop (engine_loop) on 2.7 CPU s in 3 s")
-        assert "moved only in its loop: EngineCore" in f.reason
+        assert says(f.reason, "livelock", "EngineCore", "engine_loop", "2.7", "3 s", "moved"), f.reason
+        assert [p.process.pid for p in f.processes if p.moved] == [ENGINE.pid]  # only EngineCore moved
     # the page's stall says why the loop turns empty (the real vLLM 0.32 burns CPU stepping empty batches there too)
     f = assess(cap, True, STALL)
     assert f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
-    assert "running=0, waiting=3" in f.reason and "EngineCore turns its own loop (engine_loop) on 2.7 CPU s" in f.reason
+    assert says(f.reason, "running=0", "waiting=3", "EngineCore", "engine_loop", "2.7"), f.reason
     p = by_pid(assess(cap, True, STALL))
     assert p[ENGINE.pid].explanation.cls is Cls.ENGINE_LOOP and p[ENGINE.pid].last_cls is Cls.ENGINE_LOOP
     assert p[ENGINE.pid].moved is True and p[ENGINE.pid].gap == 3.0
@@ -89,7 +90,7 @@ def test_a_livelock_whose_steps_reach_the_workers_empty_is_still_a_livelock() ->
     cap = capture(rnd(SCHEDULING, 5.0), rnd(ENGINE_WAITING, 7.0, tp0=EMPTY_STEP))
     f = assess(cap, work_pending=True, page=STALL)  # with the stalled page: an admission stall, the loop burning
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
-    assert "EngineCore turns its own loop" in f.reason
+    assert says(f.reason, "EngineCore", "engine_loop"), f.reason
     assert by_pid(f)[TP0.pid].last_cls is Cls.MODEL_FORWARD  # seen there once: an empty step passing through
     # without the page's word that nothing runs, a rank seen in execute_model is taken for a long step (as before)
     assert assess(cap, work_pending=True, page=None).decision is Decision.WORKING
@@ -106,7 +107,7 @@ def test_an_admission_stall_whose_output_rank_hands_back_empty_steps_is_still_an
         f = assess(cap, work_pending=True, page=STALL)
         assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
         assert Cls.WRITER_BLOCKED_FULL_RING in {by_pid(f)[TP0.pid].explanation.cls, by_pid(f)[TP0.pid].last_cls}
-        assert "moved only in its loop: EngineCore, Worker_TP0" in f.reason, f.reason
+        assert says(clause_of(f.reason, "moved"), "EngineCore", "Worker_TP0"), f.reason
     # EngineCore caught broadcasting an empty step at one capture, a worker in the empty execute_model: the same stall
     f = assess(capture(rnd(WRITER, 5.0), rnd(UPDATING, 7.0, tp0=EMPTY_STEP)), work_pending=True, page=STALL)
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
@@ -122,14 +123,14 @@ def test_movement_in_the_model_forward_is_still_a_long_step() -> None:
     for page in (PageWork(running=1, waiting=0), STALL, None):  # in the model at both captures: a step, whatever
         f = assess(cap, work_pending=True, page=page)
         assert f.decision is Decision.WORKING and f.stuck_kind is None
-        assert f.reason == "Worker_TP0 is model_forward: a long step, not a freeze"
+        assert says(f.reason, "Worker_TP0", "model_forward", "long step"), f.reason
 
 
 def test_running_zero_waiting_nothing_moving_is_an_admission_stall() -> None:
     cap = capture(rnd(ENGINE_IDLE, 5.0), rnd(ENGINE_IDLE, 5.0))
     f = assess(cap, work_pending=True, page=STALL)
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL
-    assert f.reason.startswith("admission stall: running=0, waiting=3 and nothing moves toward running them")
+    assert says(f.reason, "admission stall", "running=0", "waiting=3"), f.reason
     # the same stacks with nothing waiting are parked ranks (a wedge the probe found), not an admission stall
     f = assess(cap, work_pending=True, page=PageWork(running=0, waiting=0))
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED
@@ -141,7 +142,7 @@ def test_a_stall_with_the_loop_turning_slowly_is_an_admission_stall() -> None:
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
     # without a stalled page, a slow turn of the loop is neither work nor proof: the metric window decides
     f = assess(cap, work_pending=True, page=PageWork(running=1, waiting=0))
-    assert f.decision is Decision.UNDECIDED and "moved only in EngineCore's loop" in f.reason
+    assert f.decision is Decision.UNDECIDED and says(f.reason, "moved", "EngineCore's loop"), f.reason
 
 
 def test_a_healthy_engine_between_steps_is_not_a_livelock() -> None:
@@ -155,7 +156,8 @@ def test_a_healthy_engine_between_steps_is_not_a_livelock() -> None:
     cap = capture(rnd(ENGINE_WAITING, 5.0), rnd(ENGINE_WAITING, 5.0, tp0=[("GroupCoordinator.all_reduce",
                   f"{SITE}/vllm/distributed/parallel_state.py", 504), *WORKER_FORWARD]))
     f = assess(cap, work_pending=True, page=PageWork(running=1, waiting=0))
-    assert f.decision is Decision.WORKING and f.reason == "stacks moved between captures (Worker_TP0)"
+    assert f.decision is Decision.WORKING and says(f.reason, "moved", "Worker_TP0"), f.reason
+    assert not says(f.reason, "Worker_TP1")
 
 
 def test_a_parked_enginecore_spinning_is_not_called_a_livelock_without_its_loop() -> None:
@@ -177,7 +179,7 @@ def test_a_writer_on_a_full_ring_while_every_worker_spins_in_its_reader_is_a_liv
     spinning = capture(rnd(WRITER, 5.0, worker_cpu=20.0), rnd(WRITER, 7.5, worker_cpu=22.0))
     f = assess(spinning, work_pending=True, page=PageWork(running=2, waiting=0))
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
-    assert f.reason.startswith("livelock: EngineCore turns its own loop (writer_blocked_full_ring)"), f.reason
+    assert says(f.reason, "livelock", "EngineCore", "writer_blocked_full_ring"), f.reason
     # in the ring at one capture, in its loop at the other: still the loop turning, not "stacks moved"
     f = assess(capture(rnd(WRITER, 5.0, worker_cpu=20.0), rnd(UPDATING, 7.5, worker_cpu=22.0)), work_pending=True,
                page=PageWork(running=2, waiting=0))
@@ -218,7 +220,7 @@ def test_a_livelock_seen_waiting_on_its_replies_is_judged_by_the_cpu_of_the_quie
     quiet = {ENGINE.pid: (0.62, 3.0), TP0.pid: (1.5, 3.0), TP1.pid: (1.4, 3.0), API.pid: (0.0, 3.0)}
     f = assess(_spread(cap, 20.0, quiet), work_pending=True, page=page)
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
-    assert f.reason.startswith("livelock: EngineCore turns its own loop (engine_waiting_workers) on 0.62 CPU s in 3 s")
+    assert says(f.reason, "livelock", "EngineCore", "engine_waiting_workers", "0.62", "3 s"), f.reason
     assert by_pid(f)[ENGINE.pid].burn == (0.62, 3.0) and by_pid(f)[ENGINE.pid].gap == 20.0
     # a pause too short to read a rate by (clock ticks are 10 ms): the whole span decides, as before
     short = {pid: (q[0] / 10, 0.3) for pid, q in quiet.items()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.facts import says
 from tests.unit.livelock_data import DATA, load
 from watchdog.core.types import Decision, State
 from watchdog.evidence.explain.findings import StuckKind, assess
@@ -30,8 +31,7 @@ def test_real_stacks_of_an_admission_stall() -> None:
     assert page is not None and page.running == 0 and page.waiting and page.waiting >= 1
     f = assess(cap, work_pending=True, page=page)
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.ADMISSION_STALL, f.reason
-    assert f.reason.startswith("admission stall: running=0, waiting=1 and nothing moves toward running them; "
-                               "no rank is in the model"), f.reason
+    assert says(f.reason, "admission stall", "running=0", "waiting=1", "no rank"), f.reason
     core = next(p for p in f.processes if p.process.title == "VLLM::EngineCore")
     assert core.explanation is not None and core.explanation.cls in (Cls.ENGINE_LOOP, Cls.ENGINE_WAITING_WORKERS)
     # the same stacks without the page's stall: nothing says why, and the empty step a worker passed through is
@@ -44,8 +44,7 @@ def test_real_stacks_of_a_livelock() -> None:
     assert page is not None and page.running and page.running >= 1
     f = assess(cap, work_pending=True, page=page)
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LIVELOCK, f.reason
-    assert f.reason.startswith("livelock: EngineCore turns its own loop (engine_loop) on 0.99 CPU s in 3.444 s"), \
-        f.reason
+    assert says(f.reason, "livelock", "EngineCore", "engine_loop", "0.99", "3.444 s"), f.reason
     core = next(p for p in f.processes if p.process.title == "VLLM::EngineCore")
     assert core.cpu_seconds is not None and core.gap
     assert 0.1 <= core.cpu_seconds / core.gap < 0.3  # measured 0.29: under the first threshold (0.3), which

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.facts import says
 from tests.unit.test_evidence_bundle import (
     API,
     API_FRAMES,
@@ -59,13 +60,13 @@ def test_a_node_without_stacks_makes_the_capture_incomplete() -> None:
     assert merged.unseen_nodes == ("worker1",) and not merged.complete
     f = assess(merged, work_pending=True, page=PageWork(running=1, waiting=0))
     assert f.decision is Decision.UNDECIDED and not f.complete, f.reason
-    assert "no stacks from node worker1" in f.reason, f.reason
+    assert says(f.reason, "no stacks", "worker1"), f.reason
     assert "node worker1 unreachable: no stacks: timed out" in f.problems
     # a node that answered with no engine process is not seen either: its ranks were not read (a wrong
     # process_prefix there, a container whose processes it cannot see), so the head's ranks alone decide nothing
     answered = NodeCapture("worker1", problems=("node worker1: no engine process found",))
     f = assess(merge(base, [answered]), work_pending=True, page=PageWork(running=1, waiting=0))
-    assert f.decision is Decision.UNDECIDED and "no stacks from node worker1" in f.reason, f.reason
+    assert f.decision is Decision.UNDECIDED and says(f.reason, "no stacks", "worker1"), f.reason
 
 
 def test_the_heads_native_dumps_survive_the_merge() -> None:
