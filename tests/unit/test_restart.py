@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.act.restart import Restarter, RunResult
+from watchdog.act.restart import Restarter
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.restart_plan import describe, docker_stop_time, plan
-from watchdog.host.run import OUTPUT_TAIL_BYTES, LocalRunner
+from watchdog.host.run import OUTPUT_TAIL_BYTES, LocalRunner, RunResult
 
 SYSTEMCTL = ("systemctl", "--no-ask-password")
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.unit.test_respond import Harness, config
 from watchdog.act.recovery import Progress, RecoveryDone
-from watchdog.act.restart import Restarter, RestartOutcome, RunResult, ShmReport
+from watchdog.act.restart import Restarter, RestartOutcome, ShmReport
 from watchdog.act.shm_sweep import LocalShm, NodeShm
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import ConfigError, load
@@ -23,6 +23,7 @@ from watchdog.config.restart_plan import plan, shm_check_at
 from watchdog.core.processes import EngineProcess
 from watchdog.core.roles import Role
 from watchdog.core.types import State
+from watchdog.host.run import RunResult
 from watchdog.nodes.ranks import RankTracker
 from watchdog.nodes.transport import NodeError
 

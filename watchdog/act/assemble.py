@@ -17,11 +17,12 @@ from watchdog.act.alerts import Alert, Dispatcher, build_dispatcher
 from watchdog.act.heartbeat import Heartbeat
 from watchdog.act.recovery import RecoveryRunner
 from watchdog.act.respond import Responder
-from watchdog.act.restart import LocalRunner, Restarter, RestartOutcome
+from watchdog.act.restart import Restarter, RestartOutcome
 from watchdog.act.shm_sweep import sweepers
 from watchdog.config.load import Config, Secret
 from watchdog.config.restart_plan import describe
 from watchdog.core.types import State, Verdict, base_url, incident_id
+from watchdog.host.run import LocalRunner
 from watchdog.nodes.remote import node_runners
 from watchdog.nodes.transport import NodeLink
 from watchdog.scrape.engine_http import EngineHTTP

@@ -31,8 +31,6 @@ from watchdog.config.nodes import NodeSection
 from watchdog.config.restart_plan import SHM_SKIPPED, argv_for, plan, secs, shm_check_at
 from watchdog.host.run import LocalRunner, RunResult
 
-__all__ = ["LocalRunner", "RestartOutcome", "Restarter", "RunResult", "Runner", "ShmReport", "Sweeper"]
-
 log = logging.getLogger(__name__)
 
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from watchdog.config.load import Config
-from watchdog.core.processes import Capture, Dump, EngineProcess
+from watchdog.core.processes import Capture, Dump, EngineProcess, NodeContext
 from watchdog.core.roles import ENGINE_ROLES
-from watchdog.evidence.bundle.per_node import NodeContext
 from watchdog.evidence.collect.context import RING_WARNING, Context
 from watchdog.host.run import RunResult
 from watchdog.nodes.protocol import ProtocolError, dump_from_json, log_wanted, process_from_json
