@@ -71,7 +71,7 @@ def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
 
 
 def _failures(capture: Capture) -> list[dict[str, Any]]:
-    """Every dump that failed (or lost its native frames): its kind (`model.Failure`) and the text with the fix."""
+    """Every dump that failed (or lost its native frames): its kind (`Failure`) and its fix."""
     titles = {p.pid: p.title for p in capture.processes}
     return [{"round": i, "pid": pid, "title": titles.get(pid, ""), "kind": d.failure.value, "error": d.error}
             for i, rnd in enumerate(capture.rounds, 1) for pid, d in sorted(rnd.items()) if d.failure is not None]
@@ -153,7 +153,7 @@ def gpu_manifest(gpu: GpuEvidence, findings: Findings) -> dict[str, Any]:
         said = corroborate(e.cls.value if e else "", reading)
         if said:
             ranks.append(f"{f.process.label}: {said}")
-    # issue 10: the culprit GPU rank from stack classes, power, RAS and the Flight Recorder (gpu_culprit.py)
+    # issue 10: the culprit GPU rank from stack classes, power, RAS and the Flight Recorder (evidence/gpu/culprit.py)
     views = [RankView(f.explanation.name, f.process.ranks.get("TP"), (f.native or f.explanation).cls.value,
                       (f.native or f.explanation).frames,  # a GPU rank's waits are in its native frames
                       r.state if (r := gpu_of(gpu.readings, f.process.pid)) else None)

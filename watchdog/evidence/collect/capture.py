@@ -2,7 +2,7 @@
 
 Each dump has a timeout. A process that cannot be suspended (it is stopped: SIGSTOP, or a debugger) is
 dumped again with ``--nonblocking``. ``--locals`` is off unless asked for: locals hold prompts and secrets.
-Every failure gets one kind (`model.Failure`: denied, missing, timeout, native_unreadable, gone, other), decided once
+Every failure gets one kind (`Failure`: denied, missing, timeout, native_unreadable, gone, other), decided once
 here from py-spy's exit and stderr, and a text with its fix; the capture goes on with what can still be read. When
 ``--native`` cannot be read the dump is taken again without it (Python-only stacks) and says so.
 """

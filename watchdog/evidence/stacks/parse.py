@@ -9,7 +9,7 @@ Formats read:
   ``    func (file:line)``), several processes per file, multi-line titles, transcribed variants;
 - Python ``faulthandler`` (``Thread 0x... (most recent call first):`` / ``  File "f.py", line N in func``), with
   the ``Current thread`` (the one that crashed) marked;
-- Python tracebacks, chained ones joined to their cause, and fragments without a header (``stack_lines``);
+- Python tracebacks, chained ones joined to their cause, and fragments without a header (``lines``);
 - PyTorch Flight Recorder / NCCL watchdog stacks and gdb backtraces (``#0 f from file:line``, ``#0 0x.. in f ()``);
 - kernel stacks (``/proc/PID/stack``, a hung-task ``Call Trace:``);
 - any of the above under log noise, markdown quotes or a per-line log prefix (``sglang-1  | ``,

@@ -1,7 +1,7 @@
 """The text dump formats: py-spy text (plain, --native, transcribed), faulthandler, tracebacks, Flight Recorder and gdb
 numbered frames, kernel stacks, under the prefixes pasted text carries. Pure: text in, ProcessStacks out.
 
-One line-driven state machine; the line shapes of the formats other than py-spy's own are in ``stack_lines``.
+One line-driven state machine; the line shapes of the formats other than py-spy's own are in ``lines``.
 """
 
 from __future__ import annotations
