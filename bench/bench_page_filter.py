@@ -38,9 +38,8 @@ from bench.warm_engine import warm_engine  # noqa: E402
 from tests.harness.load import LoadGenerator  # noqa: E402
 from tests.harness.server import VllmServer, free_port  # noqa: E402
 from tests.harness.watcher import WatchdogProcess  # noqa: E402
-from watchdog.core.types import HttpLimits  # noqa: E402
+from watchdog.scrape.engine_http import EngineHTTP  # noqa: E402
 from watchdog.scrape.fetch import FILTERED, WHOLE  # noqa: E402
-from watchdog.scrape.http1 import PageClient  # noqa: E402
 
 IGNORED = WHOLE + FILTERED[len(WHOLE) + 1:]  # the same query on the instrumentator's route
 
@@ -50,12 +49,12 @@ def phase(api_pid: int, seconds: float, url: str, path: str | None) -> dict[str,
     sizes: list[int] = []
 
     def scrape() -> None:
-        c = PageClient(url, HttpLimits())
+        c = EngineHTTP(url)  # the scrape's own GET
         try:
             while not stop.is_set():
                 t0 = time.monotonic()
                 assert path is not None
-                sizes.append(len(c.get(path).body))
+                sizes.append(len(c.get_page(path).body))
                 stop.wait(max(0.0, 1.0 - (time.monotonic() - t0)))
         finally:
             c.close()

@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/bench_wakeups.py [--seconds 150] [--out bench/results/wakeups.json]
 
-- ``block``: send, then read the answer (what `PageClient` does). vLLM's uvicorn writes the head and the body in two
+- ``block``: send, then read the answer (what the scrape's GET does). vLLM's uvicorn writes the head and the body in two
   segments, so the first receive often wakes for the head alone and a second waits for the body.
 - ``ahead``: read the answer to the request sent at the end of the last pass (it arrived long ago), then send the
   next one: one wake-up a pass, but every page read is one interval old.

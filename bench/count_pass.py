@@ -67,14 +67,14 @@ def main() -> int:
     try:
         with in_process_daemon(url) as (daemon, watcher):
             fetcher = watcher.fetcher
-            assert isinstance(fetcher, MetricsFetcher) and fetcher._page is not None
-            page = fetcher._page
-            text = page.get(FILTERED, accept="text/plain").body.decode()
+            assert isinstance(fetcher, MetricsFetcher)
+            http = fetcher.http
+            text = http.get_page(FILTERED, accept="text/plain").body.decode()
             parts: dict[str, Callable[[], object]] = {
                 "full": lambda: daemon.one_pass(watcher),
                 "tick": watcher.tick,
                 "scrape": fetcher.scrape,
-                "get": lambda: page.get(FILTERED, accept="text/plain"),
+                "get": lambda: http.get_page(FILTERED, accept="text/plain"),
                 "read": lambda: read_page(text),
             }
             ops, calls = count(parts[args.part], args.passes)

@@ -176,7 +176,7 @@ def cold_stages(url: str, passes: int, flush_mb: int = 0) -> dict[str, float]:
 
     from watchdog.judge.judge import Judge
     from watchdog.scrape import fetch
-    from watchdog.scrape.http1 import PageClient
+    from watchdog.scrape.engine_http import EngineHTTP
     from watchdog.service.daemon import Daemon
     from watchdog.service.trace import TraceWriter
 
@@ -195,7 +195,7 @@ def cold_stages(url: str, passes: int, flush_mb: int = 0) -> dict[str, float]:
 
         setattr(owner, name, wrapper)
 
-    for owner, name, label in ((PageClient, "get", "GET of the page"), (fetch, "read_page", "reading it"),
+    for owner, name, label in ((EngineHTTP, "get_page", "GET of the page"), (fetch, "read_page", "reading it"),
                                (Judge, "observe", "judge"), (TraceWriter, "write", "trace"),
                                (Daemon, "_report", "report (exporter, events)"), (Daemon, "_respond", "act + status"),
                                (Daemon, "_evidence", "evidence")):

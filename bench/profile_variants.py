@@ -6,7 +6,7 @@ page (bench/page_server.py, chunked as vLLM's uvicorn answers).
 Each variant is the real service (its loop, its sleep, its exporter) whose pass does only part of the work:
 
 - ``raw``: a GET of the filtered page over a plain socket, read to the end of the chunked body;
-- ``get``: the same through `PageClient.get`;
+- ``get``: the same through the scrape's GET (`EngineHTTP.get_page`);
 - ``scrape``: `MetricsFetcher.scrape` (the GET and reading the page);
 - ``tick``: `Watcher.tick` (the scrape, fed to the judge and the trace);
 - ``full``: the whole pass, as shipped.
@@ -60,8 +60,8 @@ def cut_down(variant: str) -> None:
                 buf += more
         elif variant == "get":
             fetcher = watcher.fetcher
-            assert isinstance(fetcher, MetricsFetcher) and fetcher._page is not None
-            fetcher._page.get(FILTERED, accept="text/plain")
+            assert isinstance(fetcher, MetricsFetcher)
+            fetcher.http.get_page(FILTERED, accept="text/plain")
         elif variant == "scrape":
             watcher.fetcher.scrape()
         elif variant == "tick":

@@ -1,10 +1,10 @@
-"""The scrape's hand-written HTTP/1.1 client (watchdog/scrape/http1.py) agrees with requests.
+"""The scrape's GET (`EngineHTTP.get_page`, urllib3 on one kept-alive connection) against real servers on loopback.
 
-Real pages are served by a real HTTP server on loopback, with Content-Length, chunked (in small and odd-sized
-chunks, with a chunk extension and a trailer), and read-to-close framing; the client must return the same status,
-content type and bytes as a plain requests GET of the same URL. Keep-alive: consecutive GETs reuse one connection,
-and a connection the server closed meanwhile is replaced without a failure. The error cases are in
-test_scrape_bad_input.py, which runs through this client (MetricsFetcher uses it for http URLs).
+Real pages are served with Content-Length, chunked (in small and odd-sized chunks, with a chunk extension and a
+trailer), and read-to-close framing; the scrape must return the same status, content type and bytes as a plain
+requests GET of the same URL. Keep-alive: consecutive GETs reuse one connection, a connection the server closed
+meanwhile is replaced without a failure, and closing the session closes it. The error cases are in
+test_scrape_bad_input.py (MetricsFetcher reads through this GET).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import requests
 from watchdog.core.types import HttpLimits
 from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 from watchdog.scrape.fetch import MetricsFetcher
-from watchdog.scrape.http1 import PageClient
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,6 +67,11 @@ class Handler(BaseHTTPRequestHandler):
         if srv.close_after:
             self.close_connection = True
 
+    def finish(self) -> None:
+        super().finish()
+        with self.server.lock:
+            self.server.closed.add(self.client_address)
+
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -80,6 +84,7 @@ class Server(ThreadingHTTPServer):
         self.close_after = False
         self.requests = 0
         self.connections: set[tuple[str, int]] = set()
+        self.closed: set[tuple[str, int]] = set()  # connections whose client hung up (or the server did)
 
     @property
     def url(self) -> str:
@@ -110,56 +115,85 @@ def test_same_bytes_as_requests(server: Server, page: Path, mode: str) -> None:
         body = body[:3000]  # one byte a chunk: keep it short
     server.body, server.mode = body, mode
     expected = requests.get(server.url + "/metrics", timeout=10)
-    client = PageClient(server.url, LIMITS)
+    http = EngineHTTP(server.url, LIMITS)
     try:
         for _ in range(2):  # the second over the kept-alive connection, or a fresh one after "close"
-            got = client.get("/metrics", accept="text/plain")
+            got = http.get_page("/metrics", accept="text/plain")
             assert got.status == expected.status_code == 200
             assert got.content_type == expected.headers["Content-Type"]
             assert got.body == expected.content == body
     finally:
-        client.close()
+        http.close()
 
 
 def test_keep_alive_reuses_one_connection(server: Server) -> None:
     server.body = PAGES[0].read_bytes()
-    client = PageClient(server.url, LIMITS)
+    http = EngineHTTP(server.url, LIMITS)
     try:
         for _ in range(5):
-            assert client.get("/metrics").body == server.body
+            assert http.get_page("/metrics").body == server.body
     finally:
-        client.close()
+        http.close()
     assert server.requests == 5
     assert len(server.connections) == 1
 
 
 def test_a_connection_the_server_closed_is_replaced(server: Server) -> None:
     server.body, server.close_after = PAGES[0].read_bytes(), True  # HTTP/1.1 framing, then the server hangs up
-    client = PageClient(server.url, LIMITS)
+    http = EngineHTTP(server.url, LIMITS)
     try:
         for _ in range(3):
-            assert client.get("/metrics").body == server.body
+            assert http.get_page("/metrics").body == server.body
     finally:
-        client.close()
+        http.close()
     assert len(server.connections) == 3
 
 
-def test_the_fetcher_reads_through_it_and_closes_with_the_session(server: Server) -> None:
+def _wait_closed(server: Server, n: int) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with server.lock:
+            if len(server.closed) >= n:
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def test_the_fetcher_reads_through_one_connection_closed_with_the_session(server: Server) -> None:
     server.body = PAGES[0].read_bytes()
     http = EngineHTTP(server.url, LIMITS)
     fetcher = MetricsFetcher(http)
-    first, second = fetcher.scrape(), fetcher.scrape()
-    assert first.ok and second.ok and first.size == second.size == len(server.body)
-    assert len(server.connections) == 1  # the scrape's own kept-alive socket, not requests' pool
-    assert fetcher._page is not None and fetcher._page._sock is not None
+    first, second, third = fetcher.scrape(), fetcher.scrape(), fetcher.scrape()
+    assert first.ok and second.ok and third.ok and first.size == third.size == len(server.body)
+    # the filtered GET and the whole page's (this server does not filter), then the filtered GET twice: one socket
+    assert server.requests == 4 and len(server.connections) == 1
+    assert not server.closed, "the kept-alive connection was closed between scrapes"
     http.close()
-    assert fetcher._page._sock is None  # closed with the session
+    assert _wait_closed(server, 1), "closing the session left the scrape's connection open"
 
 
-def test_https_goes_through_requests() -> None:
-    assert MetricsFetcher("https://vllm.internal/metrics")._page is None
-    with pytest.raises(ValueError, match="plain http only"):
-        PageClient("https://vllm.internal", LIMITS)
+def test_a_failed_read_drops_the_connection_and_the_next_scrape_opens_another(server: Server) -> None:
+    server.body = b"x" * (8 * 1024 * 1024)  # more than the socket buffers hold: not all of it read by the cap
+    http = EngineHTTP(server.url, HttpLimits(connect_timeout=2.0, read_timeout=10.0, deadline=30.0, max_bytes=100_000))
+    try:
+        for _ in range(2):
+            with pytest.raises(HttpFailure) as err:
+                http.get_page("/metrics")
+            assert err.value.kind == "too_big" and err.value.status == 200
+        assert _wait_closed(server, 2), "a body over the cap was not dropped with its connection"
+        assert len(server.connections) == 2
+    finally:
+        http.close()
+
+
+def test_https_to_a_plain_http_port_is_unreachable(server: Server) -> None:
+    http = EngineHTTP(server.url.replace("http://", "https://"), LIMITS)
+    try:
+        with pytest.raises(HttpFailure) as err:
+            http.get_page("/metrics")
+        assert err.value.kind == "unreachable" and "/metrics" in err.value.message
+    finally:
+        http.close()
 
 
 def test_auth_header_is_sent(server: Server) -> None:
@@ -185,7 +219,8 @@ class Scripted:
     """One kept-alive connection answered from a script, one raw answer per request (the bytes as given)."""
 
     def __init__(self, answers: list[bytes | tuple[bytes, ...] | None]) -> None:
-        # None: read the request, answer nothing (until the test ends); a tuple: its parts sent 50 ms apart
+        # None: read the request, answer nothing (until the test ends); b"": read the request and close the
+        # connection without an answer (the next is answered on a new one); a tuple: its parts sent 50 ms apart
         self.answers = answers
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -209,6 +244,8 @@ class Scripted:
                     if answer is None:
                         self.done.wait(30)
                         return
+                    if answer == b"":
+                        break
                     for i, part in enumerate(answer if isinstance(answer, tuple) else (answer,)):
                         if i:
                             time.sleep(0.05)
@@ -225,87 +262,72 @@ def ok(body: bytes) -> bytes:
 
 
 def test_kept_alive_answers_of_every_shape_in_a_row() -> None:
-    """After the first GET the client takes a short path for a 200 whose head comes whole; every other answer on
-    the kept-alive connection (chunked, a redirect, an early hint) goes on through the general reader."""
+    """Answers of every shape on the one kept-alive connection: by length, chunked, a redirect followed on it, a
+    100 Continue before the answer, a large body."""
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
     redirect = b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n"
-    hint = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + ok(b"after the hint")
+    hint = b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b"after the 100")
     srv = Scripted([ok(b"first"), ok(b"second"), chunked, redirect, ok(b"moved"), hint, ok(b"x" * 200_000)])
-    client = PageClient(srv.url, LIMITS)
+    http = EngineHTTP(srv.url, LIMITS)
     try:
-        assert [client.get("/metrics").body for _ in range(6)] == [
-            b"first", b"second", b"abcde", b"moved", b"after the hint", b"x" * 200_000]
+        assert [http.get_page("/metrics").body for _ in range(6)] == [
+            b"first", b"second", b"abcde", b"moved", b"after the 100", b"x" * 200_000]
         assert srv.accepted == 1
     finally:
-        client.close()
+        http.close()
+        srv.close()
+
+
+def test_a_kept_alive_connection_closed_as_the_request_goes_is_tried_once_more_on_a_fresh_one() -> None:
+    srv = Scripted([ok(b"first"), b"", ok(b"second")])
+    http = EngineHTTP(srv.url, LIMITS)
+    try:
+        assert http.get_page("/metrics").body == b"first"
+        assert http.get_page("/metrics").body == b"second"
+        assert srv.accepted == 2
+    finally:
+        http.close()
+        srv.close()
+
+
+def test_a_connection_closed_without_an_answer_twice_is_lost() -> None:
+    srv = Scripted([b"", b""])
+    http = EngineHTTP(srv.url, LIMITS)
+    try:
+        with pytest.raises(HttpFailure) as err:
+            http.get_page("/metrics")
+        assert err.value.kind == "lost" and "closed" in err.value.message and "without an answer" in err.value.message
+        assert srv.accepted == 2
+    finally:
+        http.close()
         srv.close()
 
 
 def test_no_answer_on_the_kept_alive_connection_is_no_answer_once() -> None:
     srv = Scripted([ok(b"first"), None])
-    client = PageClient(srv.url, HttpLimits(connect_timeout=1.0, read_timeout=1.0, deadline=5.0))
+    http = EngineHTTP(srv.url, HttpLimits(connect_timeout=1.0, read_timeout=1.0, deadline=5.0))
     try:
-        assert client.get("/metrics").body == b"first"
+        assert http.get_page("/metrics").body == b"first"
         started = time.monotonic()
         with pytest.raises(HttpFailure) as err:
-            client.get("/metrics")
+            http.get_page("/metrics")
         assert err.value.kind == "no_answer" and "sent no response within 1s" in err.value.message
         assert time.monotonic() - started < 1.9, "the read timeout was waited out twice (a fresh connection tried)"
     finally:
-        client.close()
+        http.close()
         srv.close()
 
 
-def test_a_head_seen_before_is_known_and_every_chunked_shape_still_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scrape's answer (200, chunked, kept alive) comes with the same head each time but its Date: the head read
-    once is known after that, and a body of one chunk is taken in one step. Bodies of other shapes (several chunks,
-    an extension, a trailer, a body sent after the head) and another head still read as the general reader reads
-    them."""
-    def answer(second: int, body: bytes, more: bytes = b"") -> bytes:
-        return (b"HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 01:00:%02d GMT\r\nContent-Type: text/plain\r\n%s"
-                b"Transfer-Encoding: chunked\r\n\r\n%s" % (second, more, body))
-
-    split = answer(5, b"")
-    srv = Scripted([
-        answer(1, b"5\r\nfirst\r\n0\r\n\r\n"),
-        answer(2, b"6\r\nsecond\r\n0\r\n\r\n"),
-        answer(3, b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"),
-        answer(4, b"3;x=y\r\nabc\r\n0\r\n\r\n"),
-        (split, b"b\r\nafter a gap\r\n0\r\n\r\n"),
-        (split, b"3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n"),
-        answer(7, b"4\r\nlast\r\n0\r\n\r\n", b"Connection: close\r\n"),
-    ])
-    parsed: list[bytes] = []
-    parse = PageClient._parse_head
-
-    def counted(raw: bytes, url: str) -> object:
-        parsed.append(raw)
-        return parse(raw, url)
-
-    monkeypatch.setattr(PageClient, "_parse_head", staticmethod(counted))
-    client = PageClient(srv.url, LIMITS)
-    try:
-        bodies = [client.get("/metrics") for _ in range(7)]
-        assert [b.body for b in bodies] == [b"first", b"second", b"abcde", b"abc", b"after a gap", b"abc", b"last"]
-        assert {b.content_type for b in bodies} == {"text/plain"}
-        assert srv.accepted == 1
-        assert len(parsed) == 2, "the head (but its date) read once, then known; the one with Connection: close is new"
-        assert client._sock is None, "Connection: close was honoured: the known head did not stand in for it"
-    finally:
-        client.close()
-        srv.close()
-
-
-def test_a_chunked_body_cut_after_the_head_is_truncated_once_known() -> None:
+def test_a_chunked_body_cut_after_the_head_on_the_kept_alive_connection_is_truncated() -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
     srv = Scripted([head + b"2\r\nok\r\n0\r\n\r\n", head])
-    client = PageClient(srv.url, LIMITS)
+    http = EngineHTTP(srv.url, LIMITS)
     try:
-        assert client.get("/metrics").body == b"ok"
+        assert http.get_page("/metrics").body == b"ok"
         srv.done.set()  # the second answer is the head alone, then the connection closes
         with pytest.raises(HttpFailure) as err:
-            client.get("/metrics")
+            http.get_page("/metrics")
         assert err.value.kind == "truncated" and "IncompleteRead(0 bytes read)" in err.value.message
     finally:
-        client.close()
+        http.close()
         srv.close()

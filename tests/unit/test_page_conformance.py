@@ -21,7 +21,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from watchdog.core.types import EngineReading, PageReading
-from watchdog.scrape import page as page_module
 from watchdog.scrape.page import COUNTERS, DEFAULT_ENGINE, GAUGES, PageError, read_page
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
@@ -106,8 +105,8 @@ def reference(text: str) -> Expected:
 
 def assert_agrees(text: str) -> PageReading:
     got = read_page(text)
-    # read again: the heads are known now (remembered from the first read); the page must read the same
-    assert read_page(text) == got, "the page read differently the second time (its heads remembered)"
+    # read again: the page must read the same (nothing of one read changes the next)
+    assert read_page(text) == got, "the page read differently the second time"
     want = reference(text)
     assert set(got.engines) == set(want.engines), "read_page found other engines than prometheus_client"
     for engine, expected in want.engines.items():
@@ -337,9 +336,9 @@ def test_empty_page_reads_as_no_engines() -> None:
     assert got == PageReading(engines={}, vllm_series=0)
 
 
-def test_known_heads_read_new_values_and_new_forms_right() -> None:
-    """read_page remembers each line's head from one scrape to the next: the values, a timestamp added later, a tab
-    instead of a space or a value that stops being a number must still read as prometheus_client reads them."""
+def test_a_line_read_again_with_new_values_and_new_forms_reads_right() -> None:
+    """One line from one scrape to the next: the values, a timestamp added later, a tab instead of a space or a value
+    that stops being a number must still read as prometheus_client reads them."""
     head = 'vllm:generation_tokens_total{engine="0",model_name="a b"}'
     for rest in (" 1", " 2", " 3.5e2", " 4 1700000000000", "\t5", "  6", " 7"):
         got = assert_agrees(page(f"{head}{rest}", 'vllm:num_requests_running{engine="0"} 1'))
@@ -350,24 +349,6 @@ def test_known_heads_read_new_values_and_new_forms_right() -> None:
         read_page(page(f"{head} x"))
 
 
-# -- the layout: a page with the heads of one read before is read from its values alone -------------------------
-
-
-def _forget() -> None:
-    """Every head and layout read_page remembers, forgotten: the next read goes line by line."""
-    page_module._LAYOUTS.clear()
-    page_module._HEADS.clear()
-    page_module._SERIES.clear()
-
-
-def _read_or_error(text: str) -> PageReading | tuple[str, str]:
-    """The reading, or the error's kind and line (a remembered head words "no value" as "not a number")."""
-    try:
-        return read_page(text)
-    except PageError as e:
-        return (e.kind, e.message.split(":", 1)[0])
-
-
 _ODD_VALUES = ["0", "-0.0", "1e-05", "2.5E+3", "123456789012345678", "NaN", "+Inf", "-Inf", "1_0", "x", "",
                "3 1700000000000", "\t4", "0x10", "\u0661\u0662"]
 
@@ -375,10 +356,10 @@ _ODD_VALUES = ["0", "-0.0", "1e-05", "2.5E+3", "123456789012345678", "NaN", "+In
 @pytest.mark.parametrize("path", [DATA / "vllm-0.32.0-tp2-under-load.txt", DATA / "vllm-0.32.0-dp2-tp1-after-load.txt"],
                          ids=lambda p: p.name)
 @pytest.mark.parametrize("odd", _ODD_VALUES)
-def test_a_remembered_layout_reads_like_a_fresh_read(path: Path, odd: str) -> None:
-    """The page with new values, read through the layout remembered from the original, reads as the same page read
-    from scratch (and as prometheus_client reads it): every wanted value re-spelled, and one of them odd (not finite,
-    not a number, followed by a timestamp, ...)."""
+def test_a_real_page_with_new_values_and_one_odd_reads_as_prometheus_client(path: Path, odd: str) -> None:
+    """A real page after the original, every wanted value re-spelled and one of them odd (not finite, not a number,
+    followed by a timestamp, ...): read as prometheus_client reads it, or refused where prometheus_client refuses
+    it too (as malformed, naming the line)."""
     original = path.read_text(encoding="utf-8")
     rng = random.Random(odd)
     lines = original.split("\n")
@@ -388,49 +369,16 @@ def test_a_remembered_layout_reads_like_a_fresh_read(path: Path, odd: str) -> No
     for i in wanted:
         value = rng.choice([f"{rng.uniform(0, 1e6):.6g}", f"{rng.randrange(10**9)}.0", f"{rng.random():e}"])
         lines[i] = lines[i][: lines[i].rindex(" ") + 1] + value
-    respelled = "\n".join(lines)
+    assert_agrees(original)
+    assert_agrees("\n".join(lines))
     at = rng.choice(wanted)
     lines[at] = lines[at][: lines[at].rindex(" ") + 1] + odd
     changed = "\n".join(lines)
-    _forget()
-    read_page(original)
-    assert page_module._LAYOUTS, "reading a real page remembers its layout"
-    assert read_page(respelled) == assert_agrees(respelled)
-    fast = _read_or_error(changed)
-    _forget()
-    fresh = _read_or_error(changed)
-    assert fast == fresh
-    if isinstance(fresh, PageReading):
-        assert_agrees(changed)
-
-
-def test_a_remembered_layout_is_used_and_places_each_value() -> None:
-    """Not vacuous: after one read the next page with the same heads is read through the layout (the line-by-line
-    reader is not called), and every value lands in its engine and field, sums included."""
-    text = page(
-        'vllm:num_requests_running{engine="0",model_name="m"} 1',
-        'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 2',
-        'vllm:num_requests_waiting{engine="1",model_name="n"} 3',
-        'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 4',
-        'vllm:gpu_cache_usage_perc{engine="1",model_name="n"} 0.5',
-        'vllm:generation_tokens_total{engine="1",model_name="n"} 6',
-    )
-    _forget()
-    read_page(text)
-    calls: list[str] = []
-    real = page_module._read_lines
-
-    def spy(text: str, padded: str, heads: tuple[str, ...]) -> PageReading:
-        calls.append("line by line")
-        return real(text, padded, heads)
-
-    page_module._read_lines = spy
     try:
-        got = read_page(text.replace(" 1\n", " 10\n").replace(" 2\n", " 20\n").replace(" 6\n", " 60\n"))
-        assert calls == []
-        assert got.engines["0"] == EngineReading("0", "m", 10, None, None, {"request_success": 24})
-        assert got.engines["1"] == EngineReading("1", "n", None, 3, 0.5, {"generation_tokens": 60})
-        read_page(text.replace(" 3\n", " NaN\n"))
-        assert calls == ["line by line"], "a value that is not finite goes line by line"
-    finally:
-        page_module._read_lines = real
+        reference(changed)
+    except ValueError:
+        with pytest.raises(PageError) as err:
+            read_page(changed)
+        assert err.value.kind == "malformed" and err.value.message.startswith(f"line {at + 1}:")
+    else:
+        assert_agrees(changed)

@@ -20,7 +20,6 @@ from urllib.parse import urlencode
 
 from watchdog.core.types import NO_ANSWER, HttpLimits, PageReading, Scrape
 from watchdog.scrape.engine_http import LOST, EngineHTTP, HttpFailure
-from watchdog.scrape.http1 import PageClient
 from watchdog.scrape.page import WANTED_SAMPLES, PageError, read_page
 
 log = logging.getLogger(__name__)
@@ -55,11 +54,6 @@ class MetricsFetcher:
     ) -> None:
         self.http = http if isinstance(http, EngineHTTP) else EngineHTTP(http, limits)
         self.url = self.http.base + WHOLE
-        # the 1 Hz GET on its own keep-alive socket: a tenth of the CPU of requests (bench/profile_tick.py)
-        self._page: PageClient | None = None
-        if self.http.base.startswith("http://"):
-            self._page = PageClient(self.http.base, self.http.limits, self.http.auth_headers)
-            self.http.close_with(self._page.close)
         self._clock = clock
         self._wall = wall
         self._filter_from = float("-inf")  # when a filter found wanting may be tried again
@@ -104,10 +98,7 @@ class MetricsFetcher:
     def _fetch(self, path: str, t: float, wall: float) -> Scrape:
         started = time.monotonic()
         try:
-            if self._page is not None:
-                reply = self._page.get(path, accept="text/plain")
-            else:
-                reply = self.http.get(path, accept="text/plain")
+            reply = self.http.get_page(path, accept="text/plain")
         except HttpFailure as f:
             log.debug("scrape of %s failed: %s", self.url, f.message)
             kind = NO_ANSWER if f.kind == LOST else f.kind

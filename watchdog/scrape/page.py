@@ -93,33 +93,17 @@ def _parse_labels(text: str) -> dict[str, str]:
 
 
 class _Series:
-    """What one series' head (name and label text) means: the same on every scrape, so worked out once."""
+    """What one series' head (name and label text) means."""
 
     __slots__ = ("engine", "field", "gauge", "key", "model")
 
     def __init__(self, name: str, label_text: str) -> None:
-        labels = _parse_labels(label_text) if label_text else {}  # a malformed text raises and is never cached
+        labels = _parse_labels(label_text) if label_text else {}
         kind, self.field = _WANTED[name]
         self.gauge = kind == "gauge"
         self.key = (name, tuple(sorted(labels.items())))  # two heads naming one series are a duplicate
         self.engine = labels.get("engine", DEFAULT_ENGINE)
         self.model = labels.get("model_name", "")
-
-
-# Measured warm on the TP=2 page under load (52 KB): parsing each wanted line's labels on every scrape cost
-# read_page 237 us, the label texts cached 95 us, the whole head cached (this) about 45 us.
-_SERIES: dict[tuple[str, str], _Series] = {}
-_SERIES_MAX = 4096
-
-
-def _series(short: str, head: str) -> _Series:
-    series = _SERIES.get((short, head))
-    if series is None:
-        series = _Series(_PREFIX + short, head)
-        if len(_SERIES) >= _SERIES_MAX:
-            _SERIES.clear()
-        _SERIES[short, head] = series
-    return series
 
 
 def _value(text: str, line: str) -> float:
@@ -135,12 +119,8 @@ def _value(text: str, line: str) -> float:
         raise PageError("malformed", f"value {parts[0][:40]!r} is not a number") from None
 
 
-# "\nvllm:name{labels}" -> its series and label text, for lines of the one form "head value"
-_HEADS: dict[str, tuple[_Series, str]] = {}
-
-
-def _parse_line(padded: str, m: re.Match[str], line_head: str, value_text: str) -> tuple[_Series, str, float]:
-    """A wanted line read in full (labels, value, an optional timestamp); a head of the plain form is remembered."""
+def _parse_line(padded: str, m: re.Match[str]) -> tuple[_Series, str, float]:
+    """A wanted line read in full: its series, its label text and its value (an optional timestamp ignored)."""
     short, rest = m.group(1, 2)
     try:
         if rest[:1] == "{":
@@ -151,13 +131,9 @@ def _parse_line(padded: str, m: re.Match[str], line_head: str, value_text: str) 
         else:
             label_text, after = "", rest
         value = _value(after, rest)
-        series = _series(short, label_text)
+        series = _Series(_PREFIX + short, label_text)
     except PageError as e:
         raise PageError(e.kind, f"line {padded.count(chr(10), 0, m.start() + 1)}: {e.message}") from None
-    if after.split() == [value_text]:  # "head value" and nothing else: the next scrape's line splits the same way
-        if len(_HEADS) >= _SERIES_MAX:
-            _HEADS.clear()
-        _HEADS[line_head] = (series, label_text)
     return series, label_text, value
 
 
@@ -170,131 +146,54 @@ def _current_spelling(per_engine: dict[str, _T]) -> None:
         per_engine.setdefault(legacy[len(_LEGACY_PREFIX) :], per_engine.pop(legacy))
 
 
-# engine, model, the lines of running, waiting and kv_usage (-1: none), the counters read off one line each and their
-# lines, and the counters summed over several lines (request_success, per finished_reason) with their lines
-_EnginePlan = tuple[str, str, int, int, int, tuple[str, ...], tuple[int, ...], tuple[tuple[str, tuple[int, ...]], ...]]
-
-
-class _Layout:
-    """Where each engine's readings sit among a page's wanted lines, worked out once from the lines' series: the
-    gauges' line numbers, and per counter the lines summed (in page order, as the counter's value is summed).
-    Lines whose (engine, field) is in ``poisoned`` are left out, and so is the field."""
-
-    __slots__ = ("engines",)
-
-    def __init__(self, lines: list[_Series], poisoned: set[tuple[str, str]]) -> None:
-        gauges: dict[str, dict[str, int]] = {}
-        counters: dict[str, dict[str, list[int]]] = {}
-        models: dict[str, str] = {}
-        for i, s in enumerate(lines):
-            models.setdefault(s.engine, s.model)
-            if (s.engine, s.field) in poisoned:
-                continue
-            if s.gauge:
-                gauges.setdefault(s.engine, {})[s.field] = i
-            else:
-                counters.setdefault(s.engine, {}).setdefault(s.field, []).append(i)
-        for per_engine in gauges.values():
-            _current_spelling(per_engine)
-        for per_counter in counters.values():
-            _current_spelling(per_counter)
-        plans: list[_EnginePlan] = []
-        for engine in sorted(set(gauges) | set(counters) | set(models)):
-            g, c = gauges.get(engine, {}), counters.get(engine, {})
-            single = [(f, at[0]) for f, at in c.items() if len(at) == 1]
-            plans.append((engine, models[engine], g.get("running", -1), g.get("waiting", -1), g.get("kv_usage", -1),
-                          tuple(f for f, _ in single), tuple(i for _, i in single),
-                          tuple((f, tuple(at)) for f, at in c.items() if len(at) > 1)))
-        self.engines = tuple(plans)
-
-    def read(self, values: list[float]) -> dict[str, EngineReading]:
-        engines: dict[str, EngineReading] = {}
-        at = values.__getitem__
-        for engine, model, running, waiting, kv, single_fields, single_lines, summed in self.engines:
-            counters = dict(zip(single_fields, map(at, single_lines), strict=True))
-            for f, lines in summed:
-                total = 0.0  # in page order, one by one, as a reader of the page would add them
-                for i in lines:
-                    total += values[i]
-                counters[f] = total
-            engines[engine] = EngineReading(engine, model, None if running < 0 else values[running],
-                                            None if waiting < 0 else values[waiting], None if kv < 0 else values[kv],
-                                            counters)
-        return engines
-
-
-# A page whose wanted lines have the heads of a page read before, in the same order, each of the plain form
-# "head value", is read from its values alone: one C scan splits every wanted line at its last space, and the layout
-# found for those heads places the values. Measured on the recorded TP=2 page under load, filtered (14 wanted
-# lines): 400 Python bytecodes a read instead of 1530 (bench/count_pass.py --part read); 12.8 us instead of 30 warm,
-# 141 instead of 159 with the caches flushed before each read. Any value that is not a finite number, and any other
-# head, goes line by line (`_read_lines`, which finds the error, or a new layout).
-_HEAD_VALUE = re.compile("(\n" + _PREFIX + "(?:" + _NAMES + r")(?=[{ \t])(?:[^\n]* )?)([^ \n]*)(?=\n)")
-_LAYOUTS: dict[tuple[str, ...], _Layout] = {}
-_LAYOUTS_MAX = 64
+def _engines(samples: list[tuple[_Series, float]], poisoned: set[tuple[str, str]]) -> dict[str, EngineReading]:
+    """Each engine's reading from its samples: a gauge's value, a counter's values summed in page order. A field
+    with a non-finite part (``poisoned``) is left out."""
+    gauges: dict[str, dict[str, float]] = {}
+    counters: dict[str, dict[str, float]] = {}
+    models: dict[str, str] = {}
+    for s, value in samples:
+        models.setdefault(s.engine, s.model)
+        if (s.engine, s.field) in poisoned:
+            continue
+        if s.gauge:
+            gauges.setdefault(s.engine, {})[s.field] = value
+        else:
+            per_engine = counters.setdefault(s.engine, {})
+            per_engine[s.field] = per_engine[s.field] + value if s.field in per_engine else value
+    engines: dict[str, EngineReading] = {}
+    for engine in sorted(models):
+        g, c = gauges.get(engine, {}), counters.get(engine, {})
+        _current_spelling(g)
+        _current_spelling(c)
+        engines[engine] = EngineReading(engine, models[engine], g.get("running"), g.get("waiting"),
+                                        g.get("kv_usage"), c)
+    return engines
 
 
 def read_page(text: str) -> PageReading:
     """Pick the judgement's series out of a page. Raises PageError when the page is not usable."""
-    head = text.lstrip()[:1]
-    if head == "<":
+    if text.lstrip()[:1] == "<":
         raise PageError("html", "the page is HTML, not Prometheus text: is the URL the vLLM server's base URL?")
     if text and not text.endswith("\n"):
         raise PageError("truncated", f"the page ends mid-line after {len(text)} characters (cut off)")
     padded = "\n" + text  # positions in `padded` are one past those in `text`
-    pairs = _HEAD_VALUE.findall(padded)
-    heads: tuple[str, ...] = ()
-    if pairs:
-        heads, texts = zip(*pairs, strict=True)
-        layout = _LAYOUTS.get(heads)
-        if layout is not None and "_" not in "".join(texts):  # Python's float() takes 1_0; the format does not
-            try:
-                values = list(map(float, texts))
-            except ValueError:
-                values = []
-            if values and all(map(math.isfinite, values)):
-                return PageReading(layout.read(values), 0)
-    return _read_lines(text, padded, heads)
-
-
-def _read_lines(text: str, padded: str, heads: tuple[str, ...]) -> PageReading:
-    """Every wanted line read on its own (known heads skip their labels); the page's layout is remembered when
-    every line is of the plain form and every value finite."""
-    lines: list[_Series] = []
-    values: list[float] = []
+    samples: list[tuple[_Series, float]] = []
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     dropped: list[str] = []
     poisoned: set[tuple[str, str]] = set()  # (engine, field) with a non-finite part: unusable
     # Only the wanted lines are visited: one C-level regex scan finds them; the rest of the page is skipped.
     for m in _WANTED_LINE.finditer(padded):
-        # the line's head (name and labels) is the same on every scrape: known heads skip the parse
-        line_head, _, value_text = m.group(0).rpartition(" ")
-        known = _HEADS.get(line_head)
-        if known is not None and "_" not in value_text:
-            series, label_text = known
-            try:
-                value = float(value_text)
-            except ValueError:
-                raise PageError("malformed", f"line {padded.count(chr(10), 0, m.start() + 1)}: value "
-                                f"{value_text[:40]!r} is not a number") from None
-        else:
-            series, label_text, value = _parse_line(padded, m, line_head, value_text)
+        series, label_text, value = _parse_line(padded, m)
         if series.key in seen:
             line_no = padded.count("\n", 0, m.start() + 1)
             raise PageError("duplicate", f"line {line_no}: series {series.key[0]}{{{label_text}}} appears twice")
         seen.add(series.key)
-        lines.append(series)
-        values.append(value)
+        samples.append((series, value))
         if not math.isfinite(value):
             dropped.append(f"{series.key[0]}{{{label_text}}} = {value}")
             poisoned.add((series.engine, series.field))
-    layout = _Layout(lines, poisoned)
-    engines = layout.read(values)
-    if engines and not poisoned and len(heads) == len(lines) and all(
-            h.endswith(" ") and _HEADS.get(h[:-1], (None,))[0] is s for h, s in zip(heads, lines, strict=True)):
-        if len(_LAYOUTS) >= _LAYOUTS_MAX:
-            _LAYOUTS.clear()
-        _LAYOUTS[heads] = layout
+    engines = _engines(samples, poisoned)
     # counted only when it is read: a page with none of the wanted series says how many vllm: series it had
     vllm_series = 0 if engines else text.count("\nvllm:") + text.startswith("vllm:")
     return PageReading(engines=engines, vllm_series=vllm_series, dropped=tuple(dropped))
