@@ -74,12 +74,14 @@ def read_pid(pidfile: Path) -> int | None:
 class ScriptedServer:
     """A vLLM started and restarted only by the restart script, as the watchdog's command strategy will."""
 
-    def __init__(self, engine_python: Path, model: Path, tmp: Path) -> None:
+    def __init__(self, engine_python: Path, model: Path, tmp: Path, tensor_parallel_size: int = 2) -> None:
         self.port, self.model = free_port(), model
         self.pidfile, self.log_dir = tmp / "vllm.pid", tmp / "logs"
         self.argv = [sys.executable, str(Path(__file__).resolve()), "--pidfile", str(self.pidfile),
                      "--python", str(engine_python), "--model", str(model), "--port", str(self.port),
                      "--log-dir", str(self.log_dir)]
+        if tensor_parallel_size != 2:
+            self.argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
         self.url = f"http://127.0.0.1:{self.port}"
 
     def run_script(self, *extra: str) -> None:
@@ -122,6 +124,7 @@ def main() -> int:
     for name in ("--pidfile", "--python", "--model", "--log-dir"):
         ap.add_argument(name, required=True)
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--tensor-parallel-size", type=int, default=2)  # 1: still a VLLM::Worker (mp executor)
     ap.add_argument("--stop-only", action="store_true")
     a = ap.parse_args()
     pidfile = Path(a.pidfile)
@@ -131,7 +134,8 @@ def main() -> int:
         print(f"stopped vLLM process group {old}", flush=True)
     if a.stop_only:
         return 0
-    server = VllmServer(Path(a.python), Path(a.model), Path(a.log_dir), port=a.port, name=f"vllm-{a.port}")
+    server = VllmServer(Path(a.python), Path(a.model), Path(a.log_dir), port=a.port, name=f"vllm-{a.port}",
+                        tensor_parallel_size=a.tensor_parallel_size)
     server.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(server.log_path, "ab") as log:
         p = subprocess.Popen(server.args, env=server.env, stdin=subprocess.DEVNULL, stdout=log,
