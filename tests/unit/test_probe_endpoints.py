@@ -83,6 +83,16 @@ def test_nonsense_gets_4xx_and_the_server_goes_on() -> None:
     assert requests.get(f"{base}/readyz", timeout=10).json()["ready"] is True
 
 
+def test_a_bug_in_a_probe_answers_500_and_the_server_goes_on() -> None:
+    e, base = served()
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 0.0, 1.0)], 1.0)
+    e.state_problem = lambda: str(1 / 0)
+    r = requests.get(f"{base}/livez", timeout=10)
+    assert r.status_code == 500 and "ZeroDivisionError" in r.json()["error"]
+    e.state_problem = lambda: ""
+    assert requests.get(f"{base}/livez", timeout=10).status_code == 200
+
+
 def test_a_stuck_pass_loop_fails_both() -> None:
     e, base = served(ProbeSettings(live_after=300.0, stale_after=0.1))
     e.set_verdicts([Verdict("0", State.IDLE, "idle", 0.0, 1.0)], 1.0)

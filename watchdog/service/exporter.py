@@ -68,6 +68,7 @@ class Exporter:
         self.gpu_util = Gauge("watchdog_gpu_utilization_percent", "NVML utilisation of each GPU", ["gpu"], registry=r)
         self.gpu_power = Gauge("watchdog_gpu_power_watts", "NVML power draw of each GPU", ["gpu"], registry=r)
         self.gpu_clock = Gauge("watchdog_gpu_sm_clock_mhz", "NVML SM clock of each GPU", ["gpu"], registry=r)
+        self._metrics_app = make_wsgi_app(self.registry)
         self.port = 0
 
     def serve(self, listen: str, port: int) -> int:
@@ -76,7 +77,6 @@ class Exporter:
         0.03% of a core, a third of the whole service's). Started once; it lives as long as the process."""
         info = socket.getaddrinfo(listen, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         server_class = type("ExporterServer", (ThreadingWSGIServer,), {"address_family": info[0]})  # v4 or v6
-        self._metrics_app = make_wsgi_app(self.registry)
         server: ThreadingWSGIServer = make_server(str(info[4][0]), port, self.app, server_class,
                                                   handler_class=_QuietHandler)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": None}, name="exporter",
