@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HAPROXY = "/usr/sbin/haproxy"
-# accept time (epoch s.ms), the proxy, the server, total time (ms), status, termination state
-LOG_FORMAT = "req %Ts.%ms %b %s %Ta %ST %tsc"
+# accept time (epoch s.ms; on a kept-alive connection, when the previous request ended), handshake and idle time
+# before the request (ms: the request came at accept + both), the proxy, the server, total time (ms), status,
+# termination state
+LOG_FORMAT = "req %Ts.%ms %Th %Ti %b %s %Ta %ST %tsc"
 
 
 def listen_section(name: str, port: int, check_path: str, servers: list[tuple[str, int, int | None]],
@@ -62,7 +64,7 @@ defaults
 
 @dataclass(frozen=True)
 class Logged:
-    accepted: float  # epoch seconds
+    accepted: float  # epoch seconds when the request came (its connection's accept, plus handshake and idle time)
     proxy: str
     server: str
     total_ms: int
@@ -135,9 +137,10 @@ class HAProxy:
         out = []
         for line in self.log_path.read_text(errors="replace").splitlines():
             parts = line.split()
-            if len(parts) == 7 and parts[0] == "req":
+            if len(parts) == 9 and parts[0] == "req":
                 with contextlib.suppress(ValueError):
-                    out.append(Logged(float(parts[1]), parts[2], parts[3], int(parts[4]), int(parts[5]), parts[6]))
+                    came = float(parts[1]) + (max(0, int(parts[2])) + max(0, int(parts[3]))) / 1000
+                    out.append(Logged(came, parts[4], parts[5], int(parts[6]), int(parts[7]), parts[8]))
         return out
 
     def log_tail(self, n: int = 40) -> str:
