@@ -112,7 +112,8 @@ def test_another_log_than_the_node_allows_is_refused_there(node: SshNode, tmp_pa
               f"allows only log_file '{node.engine_log}'"  # type: ignore[attr-defined]
     assert refusal in ctx.problems and nc.problems == (refusal,)
     assert nc.versions["watchdog"]  # the rest of the context still comes
-    assert "refused: log refused" in node.audit_log.read_text()[len(before):]
+    records = [json.loads(x) for x in node.audit_log.read_text()[len(before):].splitlines()]
+    assert [r["asked"] for r in records if r["event"] == "log refused"] == [{"log_file": "/etc/shadow"}]
     ctx = context_of(node, tmp_path, 'journal_unit = "vllm-worker.service"\n')
     assert any("asks for journal_unit 'vllm-worker.service'" in p for p in ctx.problems)
 

@@ -9,6 +9,7 @@ verb is refused.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,72 @@ class LogRefused(ProtocolError):
     """The head asked for a log this node's config does not let it read."""
 
 
+MAX_DEPTH = 16  # the deepest a request (or an answer) may nest; ours nest 5 at most
+
+
+def depth(text: str) -> int:
+    """How deep the arrays and objects of a JSON text nest (strings skipped), without recursion."""
+    deepest = level = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif ch in "]}":
+            level -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ProtocolError(f"{name} is not a number this protocol takes")
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ProtocolError(f"key {k[:60]!r} given twice")
+        out[k] = v
+    return out
+
+
+def load_json(raw: bytes | str, what: str = "request", max_depth: int = MAX_DEPTH) -> Any:
+    """One JSON value; ProtocolError for anything else (invalid, too deep, NaN, a key twice)."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes | bytearray) else raw
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"{what} is not UTF-8: {e}") from None
+    if depth(text) > max_depth:
+        raise ProtocolError(f"{what} nests deeper than {max_depth} levels")
+    try:
+        return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_pairs)
+    except ProtocolError:
+        raise
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"{what} is not JSON: {str(e)[:200]}") from None
+
+
+def parse_args(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object (empty input: ``{}``)."""
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise ProtocolError(f"request over {MAX_REQUEST_BYTES} bytes")
+    if not raw.strip():
+        return {}
+    value = load_json(raw)
+    if not isinstance(value, dict):
+        raise ProtocolError("request must be a JSON object")
+    return value
+
+
 def parse_verb(command: str | None) -> str:
     """The verb of ``SSH_ORIGINAL_COMMAND``: exactly one known word, nothing else."""
     if command is None or not command.strip():
@@ -42,45 +109,38 @@ def parse_verb(command: str | None) -> str:
     return words[0]
 
 
-def parse_args(raw: bytes) -> dict[str, Any]:
-    if len(raw) > MAX_REQUEST_BYTES:
-        raise ProtocolError(f"request over {MAX_REQUEST_BYTES} bytes")
-    if not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ProtocolError(f"request is not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ProtocolError("request must be a JSON object")
-    return value
-
-
 def parse_answer(raw: bytes) -> dict[str, Any]:
-    """One answer: a JSON object with ``ok``; a refusal raises with the agent's own message."""
+    """One answer: a JSON object with ``ok``; a refusal raises with the agent's own message (cleaned, capped)."""
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ProtocolError(f"the agent's answer is not JSON ({e}): {raw[:200]!r}") from None
+        value = load_json(raw, "the agent's answer")
+    except ProtocolError as e:
+        raise ProtocolError(f"{e}: {raw[:200]!r}") from None
     if not isinstance(value, dict) or "ok" not in value:
         raise ProtocolError(f"the agent's answer is not a protocol object: {raw[:200]!r}")
-    if not value["ok"]:
-        raise ProtocolError(str(value.get("error") or "refused, no reason given"))
+    if value["ok"] is not True:
+        raise ProtocolError(clean(value.get("error") or "refused, no reason given", 500))
     return value
 
 
-def want_list(args: dict[str, Any], key: str, kind: type) -> list[Any]:
-    value = args.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
-        raise ProtocolError(f"{key} must be a list of {kind.__name__}")
-    return value
+def clean(value: object, limit: int = 512, keep: str = "") -> str:
+    """A string from the other side, fit to print on one line (``keep="\\n\\t"``: lines kept): control characters
+    (terminal escapes included) replaced, length capped."""
+    text = value if isinstance(value, str) else str(value)
+    return "".join("\ufffd" if (ord(c) < 32 or 127 <= ord(c) < 160) and c not in keep else c for c in text[:limit])
 
 
-def want_number(args: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
-    value = args.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ProtocolError(f"{key} must be a number in {low:g}..{high:g}")
+def number(value: object, what: str) -> float:
+    """A finite number from the other side (never a bool, a string, NaN or infinity)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProtocolError(f"{what} is not a finite number: {clean(repr(value), 60)}")
     return float(value)
+
+
+def pid_of(value: object) -> int:
+    """A pid from the other side: a whole number 1 .. 2**22 - 1 (a node's pid keys the capture below 2**23)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 22:
+        raise ProtocolError(f"not a pid: {clean(repr(value), 60)}")
+    return value
 
 
 # ---------------------------------------------------------------- which log the head may read there
@@ -125,15 +185,36 @@ def process_to_json(p: EngineProcess) -> dict[str, Any]:
     return {"pid": p.pid, "role": p.role.value, "title": p.title, "ranks": p.ranks, "ppid": p.ppid}
 
 
-def process_from_json(d: dict[str, Any], node: str, key: int | None = None) -> EngineProcess:
-    """A process of ``node``; ``key`` replaces its pid as the capture's key (pids of two nodes may collide)."""
+def _boolean(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{what} is not true or false")
+    return value
+
+
+def _ranks(value: object) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 8 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 16 for v in value.values()):
+        raise ProtocolError("ranks must map at most 8 names to whole numbers 0..65535")
+    return {clean(k, 16): v for k, v in value.items()}
+
+
+def process_from_json(d: object, node: str, key: int | None = None) -> EngineProcess:
+    """A process of ``node``; ``key`` replaces its pid as the capture's key (pids of two nodes may collide).
+    Every field checked: a pid in range, a known role, ranks small whole numbers, the title one printable line."""
+    if not isinstance(d, dict):
+        raise ProtocolError("bad process in the agent's answer: not an object")
     try:
-        pid = int(d["pid"])
-        ranks = {str(k): int(v) for k, v in dict(d.get("ranks") or {}).items()}
-        title = str(d.get("title", ""))  # named with its node, so the summary and the culprit say where it runs
-        return EngineProcess(key if key is not None else pid, Role(d["role"]), f"{title} on node {node}" if title
-                             else "", ranks, d.get("ppid"), node=node, node_pid=pid)
-    except (KeyError, TypeError, ValueError) as e:
+        pid = pid_of(d.get("pid"))
+        role = Role(str(d.get("role")))
+        ppid = d.get("ppid")
+        if ppid is not None and ppid != 0:  # 0: its parent is outside the node's PID namespace
+            ppid = pid_of(ppid)
+        title = clean(d.get("title") or "", 256)  # named with its node, so the summary and the culprit say where
+        return EngineProcess(key if key is not None else pid, role, f"{title} on node {node}" if title else "",
+                             _ranks(d.get("ranks")), ppid, node=node, node_pid=pid)
+    except ValueError as e:  # ProtocolError, and Role's own
         raise ProtocolError(f"bad process in the agent's answer: {e}") from None
 
 
@@ -145,18 +226,32 @@ def dump_to_json(d: Dump) -> dict[str, Any]:
             "quiet": list(d.quiet) if d.quiet else None}
 
 
-def dump_from_json(d: dict[str, Any], pid: int, t_offset: float) -> Dump:
-    """A remote dump keyed ``pid``; its time moved onto our clock by ``t_offset``."""
+def dump_from_json(d: object, pid: int, t_offset: float) -> Dump:
+    """A remote dump keyed ``pid``; its time moved onto our clock by ``t_offset``. Every field checked."""
+    if not isinstance(d, dict):
+        raise ProtocolError("bad dump in the agent's answer: not an object")
     try:
         f = d.get("facts")
-        facts = None if f is None else ProcFacts(str(f["state"]), str(f["wchan"]), float(f["cpu_seconds"]),
-                                                 int(f["threads"]))
+        facts = None
+        if f is not None:
+            if not isinstance(f, dict):
+                raise ProtocolError("facts is not an object")
+            threads = f.get("threads")
+            if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+                raise ProtocolError("facts.threads is not a count")
+            facts = ProcFacts(clean(f.get("state"), 2), clean(f.get("wchan"), 128),
+                              number(f.get("cpu_seconds"), "facts.cpu_seconds"), threads)
         q = d.get("quiet")
-        return Dump(pid, float(d["t"]) + t_offset, bool(d["ok"]), str(d["output"]), str(d.get("error", "")),
-                    bool(d.get("nonblocking")), facts, float(d.get("seconds", 0.0)),
-                    Failure(d["failure"]) if d.get("failure") else None,
-                    None if q is None else (float(q[0]), float(q[1])))
-    except (KeyError, TypeError, ValueError) as e:
+        if q is not None and (not isinstance(q, list) or len(q) != 2):
+            raise ProtocolError("quiet is not a pair")
+        output = d.get("output")
+        if not isinstance(output, str):
+            raise ProtocolError("output is not a string")
+        return Dump(pid, number(d.get("t"), "t") + t_offset, _boolean(d.get("ok"), "ok"), output,
+                    clean(d.get("error", ""), 1000), _boolean(d.get("nonblocking", False), "nonblocking"), facts,
+                    number(d.get("seconds", 0.0), "seconds"), Failure(d["failure"]) if d.get("failure") else None,
+                    None if q is None else (number(q[0], "quiet"), number(q[1], "quiet")))
+    except ValueError as e:  # ProtocolError, and Failure's own
         raise ProtocolError(f"bad dump in the agent's answer: {e}") from None
 
 
@@ -176,11 +271,20 @@ class RankState:
     state: str  # running | stopped | zombie | gone
 
 
-def ranks_from_report(report: dict[str, Any]) -> tuple[RankState, ...]:
-    ranks = report.get("ranks")
-    if not isinstance(ranks, list):
+RANK_STATE_NAMES = frozenset(RANK_STATES.values())
+
+
+def ranks_from_report(report: object) -> tuple[RankState, ...]:
+    """The ranks of one liveness report, every field checked (a pid, a title line, a known role and state)."""
+    ranks = report.get("ranks") if isinstance(report, dict) else None
+    if not isinstance(ranks, list) or len(ranks) > 4096:
         raise ProtocolError("a liveness report without ranks")
-    try:
-        return tuple(RankState(int(r["pid"]), str(r["title"]), str(r["role"]), str(r["state"])) for r in ranks)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ProtocolError(f"bad rank in a liveness report: {e}") from None
+    out = []
+    for r in ranks:
+        if not isinstance(r, dict):
+            raise ProtocolError("bad rank in a liveness report: not an object")
+        role, state = r.get("role"), r.get("state")
+        if role not in {x.value for x in Role} or state not in RANK_STATE_NAMES:
+            raise ProtocolError(f"bad rank in a liveness report: role {clean(role, 40)!r}, state {clean(state, 40)!r}")
+        out.append(RankState(pid_of(r.get("pid")), clean(r.get("title") or "", 256), str(role), str(state)))
+    return tuple(out)

@@ -24,7 +24,15 @@ from watchdog.core.processes import Capture, Dump, EngineProcess, NodeContext
 from watchdog.core.roles import ENGINE_ROLES
 from watchdog.evidence.collect.context import RING_WARNING, Context
 from watchdog.host.run import RunResult
-from watchdog.nodes.protocol import ProtocolError, dump_from_json, log_wanted, process_from_json
+from watchdog.nodes.protocol import (
+    ProtocolError,
+    clean,
+    dump_from_json,
+    log_wanted,
+    number,
+    pid_of,
+    process_from_json,
+)
 from watchdog.nodes.transport import NodeError, NodeLink
 
 KEY_SHIFT = 23
@@ -54,28 +62,34 @@ class RemoteEvidence:
         try:
             a = self.links[name].call("stacks", args, timeout=budget)
             got = time.time()
-            cap = a["capture"]
+            cap = a.get("capture")
+            if not isinstance(cap, dict) or not isinstance(cap.get("processes"), list) \
+                    or not isinstance(cap.get("rounds"), list) or len(cap["rounds"]) > 16:
+                raise ProtocolError("the answer holds no capture (processes and rounds)")
             keys: dict[int, int] = {}
             procs = []
             for d in cap["processes"]:
-                key = ((index + 1) << KEY_SHIFT) | int(d["pid"])
-                keys[int(d["pid"])] = key
-                procs.append(process_from_json(d, name, key))
-            rounds = tuple({keys[int(x["pid"])]: dump_from_json(x, keys[int(x["pid"])], 0.0)
-                            for x in r if int(x["pid"]) in keys} for r in cap["rounds"])
+                p = process_from_json(d, name)
+                if p.pid in keys:
+                    raise ProtocolError(f"pid {p.pid} listed twice")
+                # the key is unique across nodes: the node's pid is checked below 2**22 (`protocol.pid_of`)
+                keys[p.pid] = ((index + 1) << KEY_SHIFT) | p.pid
+                procs.append(replace(p, pid=keys[p.pid]))
+            rounds = tuple({keys[pid_of(x.get("pid"))]: dump_from_json(x, keys[pid_of(x.get("pid"))], 0.0)
+                            for x in _objects(r) if pid_of(x.get("pid")) in keys} for r in cap["rounds"])
             # the node stamps its answer ("wall") as it sends it, after the capture's seconds: its clock minus ours is
             # wall - got, low by the answer's way back and the agent's exit (tens of ms; measured 1.5 s off when it
             # was taken against the middle of the call, which holds the whole capture)
-            self.offsets[name] = round(float(a["wall"]) - got, 3)
-            problems = tuple(f"node {name}: {p}" for p in cap.get("problems", []))
+            self.offsets[name] = round(number(a.get("wall"), "wall") - got, 3)
+            problems = tuple(f"node {name}: {clean(p)}" for p in _strings(cap.get("problems")))
             return NodeCapture(name, tuple(procs), rounds, problems, self.offsets[name])
         except NodeError as e:
             if e.kind in ("unreachable", "timeout", "host_key", "auth"):  # the call did not get through
                 return NodeCapture(name, problems=(f"node {name} unreachable: no stacks: {e.message}",),
                                    reachable=False, failed=True)
             return NodeCapture(name, problems=(f"node {name}: no stacks: {e.message}",), failed=True)
-        except (ProtocolError, KeyError, TypeError, ValueError) as e:
-            return NodeCapture(name, problems=(f"node {name}: no stacks: {e}",), failed=True)
+        except ProtocolError as e:
+            return NodeCapture(name, problems=(f"node {name}: no stacks: {clean(e)}",), failed=True)
 
     def capture_with(self, local: Callable[[], Capture]) -> Capture:
         names = list(self.links)
@@ -101,24 +115,36 @@ class RemoteEvidence:
                 problems.append(f"node {name} {lost}: no context: {e.message}")
                 nodes[name] = NodeContext(False, problems=(problems[-1],))
                 continue
-            tail = str(a.get("log_tail", ""))
+            got_tail = a.get("log_tail")
+            tail = got_tail if isinstance(got_tail, str) else ""
             ring += tail.count(RING_WARNING)
-            theirs = {str(k): str(v) for k, v in dict(a.get("versions", {})).items()}
+            got = a.get("versions")
+            theirs = {clean(k, 80): clean(v, 200) for k, v in list(got.items())[:64]} if isinstance(got, dict) else {}
             versions.update({f"{k} (node {name})": v for k, v in theirs.items()})
             if name in self.offsets:
                 versions[f"clock offset s (node {name})"] = str(self.offsets[name])
             shm = a.get("shm")
             if shm:
-                versions[f"shm segments (node {name})"] = str(len(shm))
-            mine = (f"node {name}: {a['problem']}",) if a.get("problem") else ()
+                versions[f"shm segments (node {name})"] = str(len(shm)) if isinstance(shm, list) else "?"
+            mine = (f"node {name}: {clean(a['problem'])}",) if a.get("problem") else ()
             problems.extend(mine)
-            nodes[name] = NodeContext(True, tail, str(a.get("log_source") or ""), theirs,
+            nodes[name] = NodeContext(True, tail, clean(a.get("log_source") or ""), theirs,
                                       len(shm) if isinstance(shm, list) else None, mine)
         return replace(base, versions=versions, problems=tuple(problems), nodes=nodes, ring_warnings=ring)
 
     def close(self) -> None:
         for link in self.links.values():
             link.close()
+
+
+def _objects(value: object) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
+        raise ProtocolError("a round is not a list of dumps")
+    return value
+
+
+def _strings(value: object) -> list[str]:
+    return [x for x in value[:100] if isinstance(x, str)] if isinstance(value, list) else []
 
 
 def merge(base: Capture, remote: Sequence[NodeCapture]) -> Capture:
@@ -155,10 +181,12 @@ class SshRunner:
         except NodeError as e:
             return RunResult(tuple(argv), None, time.monotonic() - started, e.kind == "timeout",
                              error=f"on node {self.link.node.name}: {e.message}")
-        rc = a.get("rc")
-        return RunResult(tuple(argv), rc if isinstance(rc, int) else None, float(a.get("duration", 0.0)),
-                         bool(a.get("timed_out")), str(a.get("output", "")),
-                         (f"on node {self.link.node.name}: {a['error']}" if a.get("error") else ""))
+        rc, duration = a.get("rc"), a.get("duration")
+        where = f"on node {self.link.node.name}"
+        return RunResult(tuple(argv), rc if isinstance(rc, int) and not isinstance(rc, bool) else None,
+                         float(duration) if isinstance(duration, int | float) and 0 <= duration < 1e6 else 0.0,
+                         a.get("timed_out") is True, clean(a.get("output") or "", 4096, "\n\t"),
+                         (f"{where}: {clean(a['error'], 500)}" if a.get("error") else ""))
 
 
 def node_runners(cfg: Config, links: dict[str, NodeLink] | None = None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ memory the next start cannot use on a unified-memory machine."""
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,8 +53,23 @@ def shm_segments(shm_dir: str = "/dev/shm") -> list[Segment]:  # noqa: S108 - PO
     for n in names:
         path = str(Path(shm_dir) / n)
         try:
-            size = os.stat(path).st_size
+            st = os.lstat(path)  # a link named psm_* is not a segment: never followed, never removed
         except OSError:
             continue
-        out.append(Segment(n, path, size, path not in used))
+        if stat.S_ISREG(st.st_mode):
+            out.append(Segment(n, path, st.st_size, path not in used))
     return out
+
+
+def remove_stale(segments: list[Segment]) -> tuple[list[Segment], list[tuple[Segment, str]]]:
+    """Remove the stale segments: (removed, [(not removed, why)])."""
+    removed, failed = [], []
+    for s in segments:
+        if not s.stale:
+            continue
+        try:
+            os.unlink(s.path)
+            removed.append(s)
+        except OSError as e:
+            failed.append((s, e.strerror or str(e)))
+    return removed, failed

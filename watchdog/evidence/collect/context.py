@@ -17,10 +17,12 @@ import psutil
 from watchdog import __version__
 from watchdog.core.processes import NodeContext
 from watchdog.evidence.collect.capture import DumpRunner, run_argv
+from watchdog.host.files import read_tail
 from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 
 log = logging.getLogger(__name__)
 
+LOG_TAIL_BYTES = 256 * 1024  # the most of a log file read for its tail
 RING_WARNING = "No available shared memory broadcast block found"
 SMI_QUERY = ("timestamp,index,name,utilization.gpu,memory.used,memory.total,clocks.sm,power.draw,temperature.gpu,"
              "clocks_event_reasons.active")
@@ -47,16 +49,19 @@ class LogSource:
 
 
 def log_tail(src: LogSource, runner: DumpRunner = run_argv, timeout: float = 10.0) -> tuple[str, str, str]:
-    """(text, where it came from, problem)."""
+    """(text, where it came from, problem). ``lines`` 0: no tail at all (nothing is read).
+
+    A log file is read as root from a place its engine's user may control: never through a link, never a FIFO or
+    a device, never a file with a second name, and only its last ``LOG_TAIL_BYTES`` (`watchdog.host.files`)."""
+    if src.lines <= 0:
+        return "", "", ""
     if src.file:
         try:
-            with open(src.file, "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 256 * 1024))
-                lines = f.read().decode("utf-8", "replace").splitlines()[-src.lines:]
-            return "\n".join(lines) + "\n", src.file, ""
+            data = read_tail(src.file, LOG_TAIL_BYTES)
         except OSError as e:
-            return "", src.file, f"log file {src.file}: {e.strerror}"
+            return "", src.file, f"log file {src.file}: {e.strerror or e}"
+        lines = data.decode("utf-8", "replace").splitlines()[-src.lines:]
+        return "\n".join(lines) + "\n", src.file, ""
     argv: list[str] | None = None
     if src.journal_unit:
         argv = ["journalctl", "-u", src.journal_unit, "-n", str(src.lines), "--no-pager", "-o", "short-iso"]
