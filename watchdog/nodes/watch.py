@@ -1,6 +1,9 @@
 """The head's side of rank liveness: one long-lived ``liveness`` session per node through its shared connection,
-read in a thread; the latest report and its time kept for `views`. A stream that breaks is started again (after
-a short backoff); meanwhile the report ages and the node turns blind. Lines are capped in length."""
+read in a thread; the latest report and its time kept for `views`. A stream that breaks, or stays open but silent
+for ``liveness_stale`` seconds, is ended and started again (after a short backoff); meanwhile the report ages and
+the node turns blind. Lines are capped in length, reports checked field by field (`protocol.ranks_from_report`),
+and the stream's stderr is read beside its lines (its tail kept for the error), so nothing the node sends can
+freeze the thread or end it."""
 
 from __future__ import annotations
 
@@ -8,19 +11,25 @@ import contextlib
 import json
 import logging
 import os
+import selectors
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from watchdog.config.nodes import NodeSection
 from watchdog.nodes.liveness import NodeView, view
-from watchdog.nodes.protocol import ProtocolError, RankState, ranks_from_report
+from watchdog.nodes.protocol import ProtocolError, RankState, clean, load_json, ranks_from_report
 from watchdog.nodes.transport import NodeError, NodeLink
 
 log = logging.getLogger(__name__)
 MAX_LINE = 256 * 1024
+MAX_STDERR = 16 * 1024  # what is kept of the stream's stderr (its last bytes: the error message, if it ends)
+
+
+class Silent(Exception):
+    """The stream stays open but sends nothing."""
 
 
 class LivenessStream:
@@ -46,40 +55,78 @@ class LivenessStream:
         # not tenacity: this keeps a stream open for the watch's life (it is started again even when it ends cleanly,
         # and every report read resets the backoff), a supervisor loop with no call that succeeds and stops it
         while not self._stop.is_set():
+            err = bytearray()
             try:
                 self._proc = self.link.start("liveness")
-                assert self._proc.stdin is not None and self._proc.stdout is not None
+                assert self._proc.stdin is not None
                 self._proc.stdin.write(json.dumps({"interval": self.node.liveness_interval}).encode())
                 self._proc.stdin.close()
-                while not self._stop.is_set():
-                    line = self._proc.stdout.readline(MAX_LINE)
-                    if not line:
-                        break
-                    report = json.loads(line)
-                    if not report.get("ok"):
-                        raise ProtocolError(str(report.get("error")))
+                for line in self._lines(self._proc, err):
+                    report = load_json(line, "a liveness report")
+                    if not isinstance(report, dict) or report.get("ok") is not True:
+                        error = report.get("error") if isinstance(report, dict) else "not an object"
+                        raise ProtocolError(clean(error or "refused, no reason given"))
                     self.ranks, self.received, self.error = ranks_from_report(report), self.clock(), ""
                     backoff = 0.5
                 if not self._stop.is_set():
-                    self.error = "the liveness stream ended" + self._stderr()
+                    self.error = "the liveness stream ended" + self._stderr(err)
+            except Silent as e:
+                self.error = f"{e}: the stream was ended, starting it again"
             except NodeError as e:
                 self.error = e.message
-            except (ProtocolError, ValueError, OSError) as e:
+            except (ProtocolError, OSError) as e:
                 self.error = f"bad liveness stream: {e}"
+            except Exception as e:  # never let the watch's thread die: a node not watched would stay blind for good
+                self.error = f"liveness stream failed: {type(e).__name__}: {clean(e, 200)}"
             self._end()
             if self.error:
                 log.warning("node %s: %s", self.node.name, self.error)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
-    def _stderr(self) -> str:
-        if self._proc is None or self._proc.stderr is None:
-            return ""
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            self._proc.wait(timeout=1)
-            text = os.read(self._proc.stderr.fileno(), 4096).decode(errors="replace").strip()
-            return f": {text.splitlines()[-1][:200]}" if text else ""
-        return ""
+    def _lines(self, proc: subprocess.Popen[bytes], err: bytearray) -> Iterator[bytes]:
+        """The stream's lines as they come; stderr read beside them (its last ``MAX_STDERR`` bytes kept), so a
+        chatty agent cannot fill the pipe and freeze the stream. `Silent` when no line comes for ``liveness_stale``
+        seconds (an agent stuck, a connection that stays up but carries nothing); a line over ``MAX_LINE``, an error."""
+        assert proc.stdout is not None and proc.stderr is not None
+        silence = max(self.node.liveness_stale, 2 * self.node.liveness_interval)
+        buf = bytearray()
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ, "out")
+            sel.register(proc.stderr, selectors.EVENT_READ, "err")
+            last = time.monotonic()
+            while not self._stop.is_set() and any(k.data == "out" for k in sel.get_map().values()):
+                events = sel.select(min(0.5, max(0.0, last + silence - time.monotonic())))
+                if not events and time.monotonic() - last >= silence:
+                    raise Silent(f"no liveness report for {silence:g}s")
+                for key, _ in events:
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    if key.data == "err":
+                        err.extend(chunk)
+                        del err[:-MAX_STDERR]
+                        continue
+                    buf.extend(chunk)
+                    while (at := buf.find(b"\n")) >= 0:
+                        line, buf[:] = bytes(buf[:at]), buf[at + 1:]
+                        last = time.monotonic()
+                        yield line
+                    if len(buf) > MAX_LINE:
+                        raise ProtocolError(f"a liveness line over {MAX_LINE} bytes")
+
+    def _stderr(self, err: bytearray) -> str:
+        """The last line the agent (or ssh) wrote to stderr, once it exited (waited on briefly)."""
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=1)
+            if self._proc.stderr is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    os.set_blocking(self._proc.stderr.fileno(), False)
+                    err.extend(os.read(self._proc.stderr.fileno(), 4096) or b"")
+        text = err.decode(errors="replace").strip()
+        return f": {clean(text.splitlines()[-1], 200)}" if text else ""
 
     def _end(self) -> None:
         p, self._proc = self._proc, None

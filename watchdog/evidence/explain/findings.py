@@ -107,10 +107,10 @@ class Findings:
 def _stack(dump: Dump, proc: EngineProcess) -> ProcessStack | None:
     if not dump.ok:
         return None
-    try:
+    try:  # another node's dump is its agent's word: nested past the parser's recursion, it is unreadable, no crash
         return parse_pyspy_json(json.loads(dump.output), pid=proc.pid,
                                 title=proc.title if proc.node == "local" else proc.label)
-    except (ValueError, StackParseError):
+    except (ValueError, RecursionError, StackParseError):
         return None
 
 

@@ -4,6 +4,11 @@ For each engine process: read ``/proc/PID/environ`` for the recorder's settings;
 (``<pipe prefix><rank>.pipe``, opened non-blocking, so a pipe nobody reads never blocks us), then wait at most
 ``settle`` seconds for each rank's dump file to appear (newer than the trigger) and load. What could not be had
 is said per rank.
+
+Both paths come from the engine's environment, which the engine's user writes: the pipe is written only if it is a
+FIFO and the dump read only if it is a regular file with one link, each reached without a symbolic link and owned
+by one of that process's uids, the dump capped in bytes (`watchdog.host.files`). A link to ``/etc/passwd`` where
+the pipe should be is never written; a link to root's files, or a FIFO, where the dump should be is never read.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from watchdog.evidence.gpu.flight_recorder import FrConfig, fr_config, parse_environ
-from watchdog.evidence.gpu.fr_dump import DumpError, load_dump
+from watchdog.evidence.gpu.fr_dump import MAX_DUMP_BYTES, DumpError, load_dump
+from watchdog.host.files import UnsafeFile, read_capped, write_fifo
+
+MAX_RANKS = 1024  # dump pipes followed per process's prefix, at most
 
 
 def config_of(pid: int) -> FrConfig | None:
@@ -47,26 +55,34 @@ class FrTrigger:
     seconds: float  # trigger and settle, in all
 
 
-def _write_pipe(path: str) -> str:
-    """"" when written; else why not. Never blocks."""
+def _write_pipe(path: str, owners: frozenset[int] | None) -> str:
+    """"" when written; else why not. Never blocks, and writes to nothing but a FIFO its process owns: the path
+    comes from the engine's environment, which its user sets (a link to /etc/passwd there is refused unwritten)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        write_fifo(path, b"1\n", owners)
+    except UnsafeFile as e:
+        return str(e)
     except OSError as e:
         if e.errno == errno.ENXIO:
             return f"{path}: nobody reads the pipe (the process's NCCL monitor thread is gone?)"
         return f"{path}: {e.strerror}"
-    try:
-        os.write(fd, b"1\n")
-    except OSError as e:
-        return f"{path}: {e.strerror}"
-    finally:
-        os.close(fd)
     return ""
 
 
+def uids_of(pid: int) -> frozenset[int] | None:
+    """The uids (real, effective, saved, filesystem) a process runs with: who may own its pipe and its dumps."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return frozenset(int(u) for u in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def _ranks_of_pipes(prefix: str) -> list[int]:
-    pat = re.compile(re.escape(prefix) + r"(\d+)\.pipe$")
-    return sorted(int(m.group(1)) for p in glob.glob(glob.escape(prefix) + "*.pipe") if (m := pat.match(p)))
+    pat = re.compile(re.escape(prefix) + r"(\d{1,6})\.pipe$")
+    return sorted(int(m.group(1)) for p in glob.glob(glob.escape(prefix) + "*.pipe") if (m := pat.match(p)))[:MAX_RANKS]
 
 
 def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle: float = 10.0,
@@ -76,6 +92,7 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
     t0 = clock()
     problems: list[str] = []
     targets: dict[int, tuple[int | None, FrConfig]] = {}  # rank -> (pid, its config)
+    owners: dict[int, frozenset[int] | None] = {}  # rank -> who may own its pipe and dump (its process's uids)
     for pid in pids:
         cfg = configs[pid] if configs is not None and pid in configs else config_of(pid)
         if cfg is None:
@@ -86,8 +103,11 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
             continue
         known = (ranks or {}).get(pid)
         found = [known] if known is not None else _ranks_of_pipes(cfg.pipe_prefix)
+        uids = uids_of(pid)
         for rank in found:
-            targets.setdefault(rank, (pid if known is not None else None, cfg))
+            if rank not in targets:
+                targets[rank] = (pid if known is not None else None, cfg)
+                owners[rank] = uids
     if not targets:
         return FrTrigger((), tuple(dict.fromkeys(problems)), round(clock() - t0, 3))
     before: dict[int, float] = {}
@@ -97,7 +117,7 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
             before[rank] = os.stat(cfg.dump_path(rank)).st_mtime_ns
         except OSError:
             before[rank] = -1
-        errors[rank] = _write_pipe(cfg.pipe_path(rank))
+        errors[rank] = _write_pipe(cfg.pipe_path(rank), owners[rank])
     got: dict[int, tuple[bytes, float]] = {}
     waiting = {r for r in targets if not errors[r]}
     while waiting and clock() - t0 < settle:
@@ -107,8 +127,12 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
             try:
                 if os.stat(path).st_mtime_ns == before[rank]:
                     continue
-                data = Path(path).read_bytes()
+                data = read_capped(path, MAX_DUMP_BYTES, owners[rank])
                 load_dump(data)
+            except UnsafeFile as e:
+                errors[rank] = f"{e}: not read"
+                waiting.discard(rank)
+                continue
             except (OSError, DumpError):
                 continue  # not there yet, or still being written
             got[rank] = (data, round(clock() - t0, 3))

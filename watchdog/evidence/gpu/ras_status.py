@@ -85,16 +85,23 @@ _SECTION = re.compile(r"^(Job summary|Communicators|Errors|Warnings)\b")
 _MISSING = re.compile(r"missing|not responding|unresponsive|dead|unreachable|timed? ?out|NOCOMM", re.IGNORECASE)
 _MISMATCH = re.compile(r"mismatch|inconsistent|differ|operation count|collective count|outlier", re.IGNORECASE)
 _BLOCK = re.compile(r"^#(\S+)\s+\(([0-9a-f]+)\)\s+(\S+)")
-_LAUNCHED = re.compile(r"Rank (\d+) has launched up to operation (\d+)")
+_LAUNCHED = re.compile(r"Rank ([0-9]{1,9}) has launched up to operation ([0-9]{1,18})(?![0-9])")
+_NUMBER = re.compile(r"(?<![0-9A-Za-z_])[0-9]{1,18}(?![0-9A-Za-z_])")  # ASCII digits, and no 5000-digit int()
 _STATUS_WORDS = {"RUNNING", "INIT", "FINALIZE", "ABORT", "NOCOMM"}
 
 
 def _ints(line: str) -> list[int]:
-    return [int(x) for x in re.findall(r"\b\d+\b", line)]
+    return [int(x) for x in _NUMBER.findall(line)]
+
+
+def _count(word: str) -> bool:
+    return bool(re.fullmatch(r"[0-9]{1,9}", word))
 
 
 def parse_ras(text: str) -> RasStatus:
-    """Read a RAS STATUS answer. Tolerant: unknown lines are kept under errors/warnings as they appear."""
+    """Read a RAS STATUS answer. Tolerant: unknown lines are kept under errors/warnings as they appear. The answer
+    comes from whatever listens on the RAS port (any local user may): numbers are ASCII digits, 18 at most (a
+    5000-digit one or a unicode digit cannot raise), and the reading is linear in the text."""
     version = cuda = ""
     m = _VERSION.search(text)
     if m:
@@ -112,7 +119,7 @@ def parse_ras(text: str) -> RasStatus:
             sections[current].append(line)
     nodes = processes = gpus = None
     job = sections.get("Job summary", [])
-    numeric = [ln for ln in job if re.fullmatch(r"[\s\d]+", ln)]
+    numeric = [ln for ln in job if re.fullmatch(r"[\s0-9]+", ln)]
     if numeric:  # columns: nodes, processes per node, GPUs per process, processes total, GPUs total
         vals = _ints(numeric[0])
         if len(vals) >= 5:
@@ -120,29 +127,30 @@ def parse_ras(text: str) -> RasStatus:
     comms = []
     for ln in sections.get("Communicators", []):
         words = ln.split()
-        if not words or not words[0].isdigit():
+        if not words or not _count(words[0]):
             continue
         status = next((w for w in words if w.split(",")[0] in _STATUS_WORDS), "")
         errs = words[-1] if status and words[-1] != status else ""
-        nums = _ints(" ".join(w for w in words if w.isdigit()))
+        nums = [int(w) for w in words if _count(w)]
         comms.append(RasComm(int(words[0]), status, errs, nums[4] if len(nums) > 4 else None, ln.strip()))
     errors = tuple(ln.strip() for ln in sections.get("Errors", []))
     warnings = tuple(ln.strip() for ln in sections.get("Warnings", []))
     both = errors + warnings
     missing = tuple(ln for ln in both if _MISSING.search(ln))
-    mismatches = tuple(ln for ln in both if _MISMATCH.search(ln) and ln not in missing)
-    blocks: list[RasBlock] = []
+    seen_missing = set(missing)
+    mismatches = tuple(ln for ln in both if _MISMATCH.search(ln) and ln not in seen_missing)
+    # (comm, kind, lines, launched) gathered in lists, frozen once: a block of many lines costs no more than its lines
+    found: list[tuple[str, str, list[str], dict[int, int]]] = []
     for ln in both:
         head = _BLOCK.match(ln)
         if head:
-            blocks.append(RasBlock(f"{head.group(1)} ({head.group(2)})", head.group(3), (ln,)))
-        elif blocks:
-            b = blocks[-1]
-            launched = dict(b.launched)
+            found.append((f"{head.group(1)} ({head.group(2)})", head.group(3), [ln], {}))
+        elif found:
+            found[-1][2].append(ln)
             m2 = _LAUNCHED.search(ln)
             if m2:
-                launched[int(m2.group(1))] = int(m2.group(2))
-            blocks[-1] = RasBlock(b.comm, b.kind, (*b.lines, ln), launched)
+                found[-1][3][int(m2.group(1))] = int(m2.group(2))
+    blocks = [RasBlock(comm, kind, tuple(lines), launched) for comm, kind, lines, launched in found]
     problems = () if comms or "Communicators" in sections else ("no communicators section in the RAS answer",)
     return RasStatus(version, cuda, nodes, processes, gpus, tuple(comms), errors, warnings, missing, mismatches,
                      problems, tuple(blocks))

@@ -45,7 +45,14 @@ def _json_frame(raw: object) -> Frame:
         raise StackParseError("frame without a string 'name' and 'filename'")
     number = line if (line := _int(line)) and line > 0 else None
     # py-spy sets 'module' (the shared object) only on native frames; Python frames carry null.
-    return Frame(name, path, number, native=isinstance(raw.get("module"), str))
+    return Frame(_printable(name), _printable(path), number, native=isinstance(raw.get("module"), str))
+
+
+def _printable(text: str, limit: int = 1000) -> str:
+    """A name from the engine's own code (which its user writes): one line, no terminal escapes, capped."""
+    if text.isprintable() and len(text) <= limit:
+        return text
+    return "".join(c if c.isprintable() else "\ufffd" for c in text[:limit])
 
 
 def _json_thread(raw: object) -> ThreadStack:
