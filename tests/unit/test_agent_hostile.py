@@ -31,6 +31,7 @@ import pytest
 
 from tests.harness.hostile import NOBODY, NOBODY_UID, Cgroup, hex_id, leaf_pid, records, run_agent, size, started
 from tests.harness.sshnode import SshNode
+from watchdog.cli.nodes import check_node
 from watchdog.nodes.transport import NodeError, NodeLink
 
 SECRET = "SECRET-d41d8cd98f00b204"
@@ -188,6 +189,8 @@ def test_a_local_users_titled_process_is_not_the_engines(node: SshNode, link: No
         assert listed["processes"] == []
         [ignored] = listed["ignored"]
         assert "not the engine's" in ignored["reason"] and f"uid {NOBODY_UID}" in ignored["reason"]
+        checked = check_node(node.section())  # `watchdog nodes` says why no rank was found
+        assert any("1 process(es) with the engine's title not taken" in w for w in checked["warnings"]), checked
         with pytest.raises(NodeError) as e:
             link.call("stacks", {"pids": [ignored["pid"]], "rounds": 1, "gap": 0})
         assert e.value.kind == "refused" and "not engine processes here" in e.value.message

@@ -33,6 +33,7 @@ import pytest
 
 from tests.harness.hostile import NOBODY, NOBODY_UID, fake_ssh, started
 from tests.harness.sshnode import SshNode, keygen
+from watchdog.cli.nodes import check_node
 from watchdog.config.load import Config, load
 from watchdog.core.processes import Capture, Dump, EngineProcess
 from watchdog.core.roles import Role
@@ -174,6 +175,15 @@ def test_a_liveness_report_that_is_no_object_does_not_end_the_watch(
         assert stream._thread.is_alive()
     finally:
         stream.stop()
+
+
+def test_watchdog_nodes_reads_a_hostile_version_answer(hostile_node: tuple[Config, Path, NodeLink]) -> None:
+    cfg, answers, _ = hostile_node
+    (answers / "version").write_text(json.dumps({"ok": True, "time": "abc", "ranks": "VLLM", "version": ["x"],
+                                                 "ptrace_allowed": "yes", "ignored": True}))
+    out = check_node(cfg.nodes[0], ssh=str(answers.parent / "ssh"))  # today: ValueError out of float("abc")
+    assert out["reachable"] and out["ranks"] == [] and out["clock_offset"] is None and out["version"] is None
+    assert out["ptrace_allowed"] is False and not out["fine"]
 
 
 # ---------------------------------------------------------------- the liveness stream through the real sshd (6)

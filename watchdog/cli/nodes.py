@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -12,26 +13,38 @@ from typing import Any
 from watchdog import __version__
 from watchdog.config.load import Config
 from watchdog.config.nodes import NodeSection
+from watchdog.nodes.protocol import clean
 from watchdog.nodes.transport import NodeError, NodeLink
 
 
-def check_node(node: NodeSection) -> dict[str, Any]:
+def check_node(node: NodeSection, ssh: str = "ssh") -> dict[str, Any]:
     out: dict[str, Any] = {"node": node.name, "host": node.host, "reachable": False, "host_key_verified": False,
                            "version": None, "ranks": [], "ptrace_allowed": False, "problems": []}
-    link = NodeLink(node)
+    link = NodeLink(node, ssh=ssh)
     try:
         v = link.call("version")
-        out.update(reachable=True, host_key_verified=True, version=v.get("version"), ranks=v.get("ranks", []),
-                   ptrace_allowed=bool(v.get("ptrace_allowed")), ptrace=v.get("ptrace", ""),
-                   clock_offset=round(float(v.get("time", 0)) - time.time(), 3))
+        ranks = v.get("ranks")  # the node's word: shapes checked, strings made printable
+        when, version = v.get("time"), v.get("version")
+        out.update(reachable=True, host_key_verified=True,
+                   version=clean(version, 40) if isinstance(version, str) else None,
+                   ranks=[clean(r, 100) for r in ranks[:64]] if isinstance(ranks, list) else [],
+                   ptrace_allowed=v.get("ptrace_allowed") is True, ptrace=clean(v.get("ptrace", "")),
+                   clock_offset=round(when - time.time(), 3) if isinstance(when, int | float) and not isinstance(
+                       when, bool) and math.isfinite(when) else None)
         if not out["ptrace_allowed"]:
             out["problems"].append(f"ptrace not allowed there: {v.get('ptrace')}")
         if v.get("version") != __version__:
             out["problems"].append(f"watchdog {v.get('version')} there, {__version__} here")
         if not v.get("pyspy"):
             out["problems"].append("no py-spy there")
+        ignored = v.get("ignored")
         if not out["ranks"]:
             out["warnings"] = ["no engine ranks found there"]
+        if isinstance(ignored, int) and not isinstance(ignored, bool) and ignored > 0:
+            out.setdefault("warnings", []).append(
+                f"{ignored} process(es) with the engine's title not taken for the engine's there (the node takes "
+                f"{clean(v.get('identity'), 300)}: see engine_users/engine_units/engine_containers in its agent "
+                "config)")
     except NodeError as e:
         out["reachable"] = e.kind not in ("unreachable", "timeout")
         out["host_key_verified"] = e.kind not in ("host_key", "unreachable", "timeout")
@@ -59,6 +72,8 @@ def cmd_nodes(cfg: Config, args: argparse.Namespace) -> int:
                   f"{', '.join(r['ranks']) or 'none found'}")
             for p in r["problems"]:
                 print(f"  problem: {p}")
+            for w in r.get("warnings", []):
+                print(f"  warning: {w}")
     return 0 if all(r["fine"] for r in results) else 1
 
 
