@@ -69,9 +69,10 @@ def main() -> int:
     a = ap.parse_args()
     runs = []
     for i in range(a.runs):
-        with tempfile.TemporaryDirectory(prefix="bench-probes-") as tmp:
-            r = lb_scenario.run(Path(tmp), engine_python(), fast_model(), tp=a.tp, threads=a.threads)
-        print(f"run {i + 1}: " + json.dumps(r["proxies"]), flush=True)
+        tmp = tempfile.mkdtemp(prefix="bench-probes-")  # kept: the logs of engines, watchdogs and HAProxy
+        r = lb_scenario.run(Path(tmp), engine_python(), fast_model(), tp=a.tp, threads=a.threads)
+        r["workdir"] = tmp
+        print(f"run {i + 1} ({tmp}): " + json.dumps(r["proxies"]), flush=True)
         runs.append(r)
     result = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs, "summary": summary(runs),
               "targets": {"out_after_frozen_s": TARGET_AFTER_FROZEN, "out_after_fault_s": TARGET_AFTER_FAULT}}

@@ -120,8 +120,10 @@ class HAProxy:
                 out += chunk
         return out.decode(errors="replace")
 
-    def states(self) -> dict[tuple[str, str], str]:
-        """(proxy, server) -> status as HAProxy shows it: UP, DOWN, "UP 1/2" (going down), "DOWN 1/2" (coming up)."""
+    def table(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """(proxy, server) -> (status, requests sent to it so far). The status as HAProxy shows it: UP, DOWN, "UP 1/2"
+        (going down), "DOWN 1/2" (coming up); the count is its `stot`, counted when a request is given to the server,
+        whatever becomes of it (a request that hangs or is cut is never in the request log: it ends no response)."""
         lines = self.ask("show stat").splitlines()
         if not lines or not lines[0].startswith("# "):
             return {}
@@ -130,8 +132,11 @@ class HAProxy:
         for line in lines[1:]:
             row = dict(zip(head, line.split(","), strict=False))
             if row.get("svname") not in (None, "FRONTEND", "BACKEND"):
-                out[(row["pxname"], row["svname"])] = row.get("status", "")
+                out[(row["pxname"], row["svname"])] = (row.get("status", ""), int(row.get("stot") or 0))
         return out
+
+    def states(self) -> dict[tuple[str, str], str]:
+        return {k: status for k, (status, _) in self.table().items()}
 
     def requests(self) -> list[Logged]:
         out = []
@@ -150,11 +155,13 @@ class HAProxy:
 
 
 class StateWatch:
-    """Polls `HAProxy.states()` every `every` s in a thread; `changes` is [(epoch s, (proxy, server), status)]."""
+    """Polls `HAProxy.table()` every `every` s in a thread: `changes` is [(epoch s, (proxy, server), status)],
+    `totals` [(epoch s, (proxy, server), requests sent to it so far)], each when it changed."""
 
     def __init__(self, lb: HAProxy, every: float = 0.1) -> None:
         self.lb, self.every = lb, every
         self.changes: list[tuple[float, tuple[str, str], str]] = []
+        self.totals: list[tuple[float, tuple[str, str], int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="haproxy-states", daemon=True)
 
@@ -167,19 +174,28 @@ class StateWatch:
         self._thread.join(10)
 
     def _run(self) -> None:
-        seen: dict[tuple[str, str], str] = {}
+        seen: dict[tuple[str, str], tuple[str, int]] = {}
         while not self._stop.is_set():
             with contextlib.suppress(OSError):
                 now = time.time()
-                for key, status in self.lb.states().items():
-                    if seen.get(key) != status:
-                        seen[key] = status
+                for key, (status, total) in self.lb.table().items():
+                    before = seen.get(key)
+                    if before is None or before[0] != status:
                         self.changes.append((now, key, status))
+                    if before is None or before[1] != total:
+                        self.totals.append((now, key, total))
+                    seen[key] = (status, total)
             self._stop.wait(self.every)
 
     def first(self, key: tuple[str, str], status: str, after: float = 0.0) -> float | None:
         """When `key` was first seen with exactly `status` at or after `after`."""
         return next((t for t, k, s in self.changes if k == key and s == status and t >= after), None)
+
+    def sent_between(self, key: tuple[str, str], start: float, end: float) -> int:
+        """Requests given to that server between two times, as the polls saw the count (to within a poll)."""
+        def at(when: float) -> int:
+            return max((n for t, k, n in self.totals if k == key and t <= when), default=0)
+        return at(end) - at(start)
 
     def status_at(self, key: tuple[str, str], when: float) -> str:
         last = ""
