@@ -237,6 +237,23 @@ def test_duplicate_series(server: LocalServer) -> None:
     assert_server_state(s, State.BLIND, "duplicate")
 
 
+def test_a_page_naming_more_engines_than_any_server_runs_is_refused(server: LocalServer) -> None:
+    """A hostile page with an engine label per line is refused as a whole, not read into 100,000 engines; as many
+    engines as the cap allows are still read."""
+    from watchdog.scrape.page import MAX_ENGINES
+
+    def engines(n: int) -> bytes:
+        return page(*(f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 0.0' for i in range(n)))
+
+    server.behaviour = lambda h: h.reply(200, engines(MAX_ENGINES))
+    s = fetch(server.url)
+    assert s.ok and s.page is not None and len(s.page.engines) == MAX_ENGINES
+    server.behaviour = lambda h: h.reply(200, engines(100_000))
+    s = fetch(server.url)
+    assert_failed(s, "malformed", f"more than {MAX_ENGINES} engines")
+    assert_server_state(s, State.BLIND, "malformed")
+
+
 def test_page_without_vllm_series(server: LocalServer) -> None:
     body = page("# TYPE python_info gauge", 'python_info{version="3.11.7"} 1.0', "process_open_fds 38.0")
     server.behaviour = lambda h: h.reply(200, body)

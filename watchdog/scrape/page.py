@@ -67,6 +67,9 @@ _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?
 _UNESCAPE = re.compile(r'\\([\\n"])')  # the only escapes in the text format; any other backslash stays
 
 DEFAULT_ENGINE = "0"  # vLLM before data parallelism had no `engine` label; a single engine is "0".
+# More engines than any deployment runs (data-parallel ranks of one server): a page naming more is refused, not read
+# (100,000 engine labels in 3.6 MB took seconds to read, and the page cap allows 16 MiB).
+MAX_ENGINES = 256
 
 
 class PageError(Exception):
@@ -182,6 +185,7 @@ def read_page(text: str) -> PageReading:
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     dropped: list[str] = []
     poisoned: set[tuple[str, str]] = set()  # (engine, field) with a non-finite part: unusable
+    engine_labels: set[str] = set()
     # Only the wanted lines are visited: one C-level regex scan finds them; the rest of the page is skipped.
     for m in _WANTED_LINE.finditer(padded):
         series, label_text, value = _parse_line(padded, m)
@@ -189,6 +193,10 @@ def read_page(text: str) -> PageReading:
             line_no = padded.count("\n", 0, m.start() + 1)
             raise PageError("duplicate", f"line {line_no}: series {series.key[0]}{{{label_text}}} appears twice")
         seen.add(series.key)
+        if series.engine not in engine_labels:
+            engine_labels.add(series.engine)
+            if len(engine_labels) > MAX_ENGINES:
+                raise PageError("malformed", f"the page names more than {MAX_ENGINES} engines: not a vLLM page")
         samples.append((series, value))
         if not math.isfinite(value):
             dropped.append(f"{series.key[0]}{{{label_text}}} = {value}")
