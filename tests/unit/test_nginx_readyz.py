@@ -151,7 +151,11 @@ def test_nginx_follows_the_watchdogs_readyz(tmp_path: Path, procs: list[subproce
             for t in clients:
                 t.join(10)
     # every worker started while the frozen engine was marked down served the other one only, and some did
-    pids = [int(p) for p in re.findall(r"start worker process (\d+)", (tmp_path / "error.log").read_text())]
-    assert len(pids) == len(generations(tmp_path)), "one worker for the start and each reload"
+    def reloads_settled() -> bool:  # the loop may be between its reload and its log line: wait for both
+        pids = re.findall(r"start worker process (\d+)", (tmp_path / "error.log").read_text())
+        blocks = (tmp_path / "sync.log").read_text().count("upstream") + 1
+        return len(pids) == blocks
+
+    wait_for(reloads_settled, 10, "one worker for the start and each reload")
     by_them = [u for pid, u in served(tmp_path / "access.log") if pid in down_workers(tmp_path, addrs[1])]
     assert by_them and set(by_them) == {addrs[0]}, by_them
