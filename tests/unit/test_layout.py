@@ -42,7 +42,7 @@ PURE = (
     "watchdog.evidence.collect.deadlines",
     "watchdog.evidence.bundle.per_node",
     "watchdog.nodes.protocol",
-    "watchdog.nodes.requests",
+    "watchdog.nodes.arguments",
     "watchdog.nodes.liveness",
     "watchdog.act.policy",
     "watchdog.service.probes",

@@ -1,5 +1,5 @@
 """Other nodes of a stack: reached over OpenSSH with a key bound to a forced command (`agent`, allowed by
-`agent_config`), its arguments checked (`requests`, pure), the engine's processes told from others (`identity`), its
+`agent_config`), its arguments checked (`arguments`, pure), the engine's processes told from others (`identity`), its
 audit log (`audit`), one multiplexed connection per node (`transport`), what goes over it (`protocol`, pure), rank
 liveness (`liveness` pure, `watch`, `ranks`), the node's /dev/shm (`shm`), and the other nodes' evidence and
 commands for the stages above (`remote`). Stands on ``evidence``, ``config``, ``host`` and ``core``; never on

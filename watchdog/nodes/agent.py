@@ -49,7 +49,7 @@ from watchdog.nodes.protocol import (
     process_to_json,
 )
 from watchdog.nodes.ranks import RankTracker
-from watchdog.nodes.requests import check_args
+from watchdog.nodes.arguments import check_args
 from watchdog.nodes.shm import remove_stale, shm_segments
 
 log = logging.getLogger("watchdog.agent")
