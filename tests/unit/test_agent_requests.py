@@ -32,8 +32,8 @@ from tests.harness.hostile import run_agent
 from watchdog.nodes import agent as agent_module
 from watchdog.nodes.agent import serve
 from watchdog.nodes.agent_config import AgentConfig, load_agent_config
-from watchdog.nodes.protocol import MAX_REQUEST_BYTES, VERBS, ProtocolError, depth, load_json, parse_args
 from watchdog.nodes.arguments import ARGS, check_args
+from watchdog.nodes.protocol import MAX_REQUEST_BYTES, VERBS, ProtocolError, depth, load_json, parse_args
 
 DEADLINE = 0.3  # the request deadline in these runs (seconds)
 set_hypothesis_home_dir(str(Path(tempfile.gettempdir()) / "engine-watchdog-hypothesis"))  # not in the checkout

@@ -36,6 +36,7 @@ from watchdog.host.ptrace import attach_check
 from watchdog.host.run import LocalRunner
 from watchdog.nodes import audit
 from watchdog.nodes.agent_config import DEFAULT_PATH, AgentConfig, load_agent_config
+from watchdog.nodes.arguments import check_args
 from watchdog.nodes.identity import EngineIdentity
 from watchdog.nodes.protocol import (
     MAX_REQUEST_BYTES,
@@ -49,7 +50,6 @@ from watchdog.nodes.protocol import (
     process_to_json,
 )
 from watchdog.nodes.ranks import RankTracker
-from watchdog.nodes.arguments import check_args
 from watchdog.nodes.shm import remove_stale, shm_segments
 
 log = logging.getLogger("watchdog.agent")
