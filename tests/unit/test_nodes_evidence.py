@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.facts import line_of, says
 from tests.harness.sshnode import SshNode
 from tests.unit.test_layout import IO, reach
 from watchdog.config.load import Config, load
@@ -162,7 +163,8 @@ def test_dump_json_says_per_node_what_was_captured(node: SshNode, tmp_path: Path
     assert "worker line 49" in (bundle / "log-tail-worker1.txt").read_text()
     assert "node worker2: evidence MISSING" in (bundle / "summary.md").read_text()
     r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    assert "node worker1: evidence COMPLETE: 1 processes, 2 dumps ok, 0 failed, clock offset" in r.stdout, r.stdout
+    worker1 = line_of(r.stdout, "worker1", "COMPLETE")
+    assert says(worker1, "1 processes", "2 dumps ok", "0 failed", "clock offset"), r.stdout
     assert "node worker2: evidence MISSING" in r.stdout and "NOT REACHED" in r.stdout
 
 

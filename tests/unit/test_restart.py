@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.facts import says
 from watchdog.act.restart import Restarter
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.restart_plan import describe, docker_stop_time, plan
@@ -144,7 +145,7 @@ def test_restarter_runs_every_command_in_order_and_logs_one_line_each(caplog: py
     assert runner.argvs[2] == ("/bin/hook",)
     assert len(outcome.results) == 5 and outcome.duration == pytest.approx(10.0)
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "watchdog.act.restart"]
-    assert lines[0] == "restart: systemd stop a.service: ok (rc 0, 2.0s)" and len(lines) == 5
+    assert says(lines[0], "systemd stop a.service", "ok", "rc 0", "2.0s") and len(lines) == 5
 
 
 def test_restarter_stops_at_the_first_failure_even_a_stop() -> None:
@@ -257,11 +258,11 @@ def test_local_runner_names_a_signal_that_killed_the_command() -> None:
 
 def test_local_runner_missing_or_unrunnable_program_is_a_result_not_an_exception(tmp_path: Path) -> None:
     missing = LocalRunner()(["no-such-program-for-the-watchdog"], 10)
-    assert missing.rc is None and missing.error == "program not found: no-such-program-for-the-watchdog"
+    assert missing.rc is None and says(missing.error, "not found", "no-such-program-for-the-watchdog")
     script = tmp_path / "not-executable.sh"
     script.write_text("#!/bin/sh\nexit 0\n")
     denied = LocalRunner()([str(script)], 10)
-    assert denied.rc is None and denied.error == f"permission denied: {script}" and not denied.ok
+    assert denied.rc is None and says(denied.error, "permission denied", script) and not denied.ok
 
 
 def test_local_runner_output_tail_is_bounded() -> None:
@@ -277,7 +278,7 @@ def test_local_runner_timeout_ends_the_child_and_its_grandchildren(tmp_path: Pat
     child, grandchild = read_pids(pid_file)
     pids_to_end.append(child)  # the group, should the runner have failed to end it
     assert result.timed_out and result.rc is None and not result.ok
-    assert result.error == "timed out after 1s"
+    assert says(result.error, "timed out", "1s")
     assert 0.9 <= result.duration < 10  # the timeout plus at most the grace, with room for a slow machine
     assert is_gone(grandchild) and is_gone(child)
 
