@@ -51,8 +51,15 @@ def imported(path: Path, name: str) -> set[str]:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, *([base] if base else [])])
             if base.startswith("watchdog"):
-                out.add(base)
+                # `from watchdog.evidence import bundle`: the submodule or subpackage named, where there is one
+                subs = {f"{base}.{a.name}" for a in node.names if _exists(f"{base}.{a.name}")}
+                out.update(subs or {base})
     return {m for m in out if m != "watchdog" or name != "watchdog"}
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split(".")[1:])
+    return (PACKAGE / rel).is_dir() or (PACKAGE / rel.with_suffix(".py")).is_file()
 
 
 def violations() -> list[str]:
@@ -88,7 +95,16 @@ def test_the_check_sees_an_import_that_runs_up(tmp_path: Path) -> None:
     assert floor_of("watchdog.nodes.agent") > floor_of("watchdog.evidence.bundle.write")
     assert floor_of("watchdog.evidence.bundle.write") > floor_of("watchdog.evidence.stacks.parse")
     assert floor_of("watchdog.core.types") < floor_of("watchdog.host.run")
+    assert imported(_planted(tmp_path, "from watchdog import act"), "watchdog.core.types") >= {"watchdog.act"}
+    assert "watchdog.evidence.bundle" in imported(_planted(tmp_path, "from watchdog.evidence import bundle"),
+                                                  "watchdog.evidence.stacks.parse")
     probe = tmp_path / "types.py"
     probe.write_text((PACKAGE / "core" / "types.py").read_text() + "\nfrom watchdog.act.state import iso\n")
     assert "watchdog.act.state" in imported(probe, "watchdog.core.types")
     assert floor_of("watchdog.act.state") > floor_of("watchdog.core.types")
+
+
+def _planted(tmp_path: Path, line: str) -> Path:
+    probe = tmp_path / "planted.py"
+    probe.write_text(line + "\n")
+    return probe
