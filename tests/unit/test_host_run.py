@@ -18,9 +18,12 @@ import pytest
 
 from watchdog.host.run import KILL_GRACE, LocalRunner, communicate, exit_text, run
 
-# the command (a shell, its own group's leader) starts a grandchild that ignores SIGTERM, writes "<its pid> <the
-# grandchild's pid>" to $1, and waits
-STUBBORN = '(trap "" TERM; exec sleep 60) & echo "$$ $!" > "$1"; wait'
+# the command (a shell, its own group's leader) starts a grandchild that ignores SIGTERM; the grandchild, once its
+# trap is set, writes "<the leader's pid> <its own pid>" to $1 and becomes a sleep. The leader ignores SIGTERM too
+# until that file exists, so a timeout that comes early (a slow machine) still finds the group stubborn: SIGTERM
+# never ends it, only the SIGKILL after the grace does
+STUBBORN = ('trap "" TERM; (trap "" TERM; echo "$$ $(exec sh -c \'echo $PPID\')" > "$1.new"; mv "$1.new" "$1"; '
+            'exec sleep 60) & while [ ! -s "$1" ]; do sleep 0.01; done; trap - TERM; wait')
 
 
 @pytest.fixture
@@ -101,7 +104,7 @@ def test_communicate_waits_for_both_pipes_and_ends_a_grandchild_holding_them(tmp
     (`run` writes to a file instead and does not wait for it: tests/unit/test_restart.py)."""
     pid_file = tmp_path / "pids"
     result = communicate(["/bin/sh", "-c", 'sleep 60 & echo "$$ $!" > "$1"; echo started', "sh", str(pid_file)],
-                         1.0, kill_grace=0.5)
+                         3.0, kill_grace=0.5)
     child, grandchild = read_pids(pid_file)
     groups.append(child)
     assert result.timed_out and result.stdout == b"started\n"
@@ -141,3 +144,31 @@ def test_local_runner_is_run_with_its_grace() -> None:
     assert LocalRunner().kill_grace == KILL_GRACE
     result = LocalRunner(kill_grace=0.5)(["/bin/sh", "-c", "echo hi; exit 2"], 10)
     assert result.rc == 2 and result.error == "exit status 2" and result.output == "hi\n"
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_run_interrupted_by_a_signal_handler_leaves_nothing_of_its_group(tmp_path: Path, groups: list[int]) -> None:
+    """An exception out of the wait (the agent's `Ended`, raised by its SIGTERM handler) ends the command's group
+    before it goes up: nothing is left running behind the caller."""
+    pid_file = tmp_path / "pids"
+
+    def interrupt(signum: int, frame: object) -> None:
+        if not pid_file.exists():  # the group not stubborn yet: a little later
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            return
+        raise Interrupted
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(Interrupted):
+            run(["/bin/sh", "-c", STUBBORN, "sh", str(pid_file)], 60, 0.5)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    child, grandchild = read_pids(pid_file)
+    groups.append(child)
+    assert is_gone(grandchild, 1.0) and is_gone(child, 1.0)

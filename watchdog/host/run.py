@@ -78,6 +78,9 @@ def run(argv: Sequence[str], timeout: float, kill_grace: float = KILL_GRACE) -> 
         except subprocess.TimeoutExpired:
             rc = None
             end_group(child, kill_grace)
+        except BaseException:  # a signal handler's exception, KeyboardInterrupt: never leave it running behind us
+            end_group(child, kill_grace)
+            raise
         duration = time.monotonic() - started
         output = _tail(out)
     if rc is None:

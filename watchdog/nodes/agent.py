@@ -3,7 +3,7 @@
 ``command="/opt/engine-watchdog/.venv/bin/python -m watchdog.nodes.agent --config /etc/engine-watchdog/agent.toml"``
 in ``authorized_keys``: whatever the client asks, sshd runs this, with the request in ``SSH_ORIGINAL_COMMAND``.
 It accepts one bare verb (`protocol.VERBS`), reads the arguments as JSON on stdin (capped in bytes, nesting and
-time: ``request_timeout``), checks every argument (`requests.check_args`: known keys only, strict types, ranges),
+time: ``request_timeout``), checks every argument (`arguments.check_args`: known keys only, strict types, ranges),
 answers one JSON object on stdout. It runs only what this node's own config allows, on the processes it takes
 for the engine's (`identity`); anything else is refused, with the reason. Every session is in the audit log
 (`audit`: JSON lines): its start, then what it did or why it was refused. No request, however malformed, gets
@@ -59,8 +59,9 @@ class Refused(Exception):
     """A request this node does not run; the message goes back to the head and into the audit log."""
 
 
-class Ended(Exception):
-    """The session was ended by a signal (sshd, an operator)."""
+class Ended(BaseException):
+    """The session was ended by a signal (sshd, an operator). A BaseException, like KeyboardInterrupt: a broad
+    ``except Exception`` on the way (a log handler's, a probe's) cannot swallow a stop."""
 
 
 def _shm_names(shm_dir: str) -> list[str]:
@@ -92,7 +93,7 @@ class Agent:
         return kept
 
     def handle(self, verb: str, args: dict[str, Any]) -> dict[str, Any]:
-        """``args`` already checked (`requests.check_args`)."""
+        """``args`` already checked (`arguments.check_args`)."""
         return dict(getattr(self, f"verb_{verb}")(args))
 
     def verb_version(self, args: dict[str, Any]) -> dict[str, Any]:
