@@ -17,6 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_TEXT = 200  # characters of any one field taken from a dump
+_MAX_INT = 2**63  # a sequence number or a time beyond this is not torch's
+
+
+class DumpError(Exception):
+    """A Flight Recorder dump that cannot be read: undecodable bytes, or a decoded dict of the wrong shape."""
+
 DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"  # noqa: S108 - torch's own default, read, never written by us
 BYPASS_NOTE = ("the Flight Recorder recorded no collective: vLLM's PyNccl wrapper (and custom all-reduce) call "
                "NCCL directly and bypass torch.distributed, so the recorder cannot see the model's collectives")
@@ -91,6 +98,7 @@ class FrSummary:
     first_unfinished: FrEntry | None = None  # the oldest one not completed: where it waits
     pg_status: dict[str, dict[str, int]] = field(default_factory=dict)
     note: str = ""
+    problems: tuple[str, ...] = ()  # what in the dump was skipped, and why
 
     def line(self) -> str:
         if self.last_entered is None:
@@ -102,31 +110,92 @@ class FrSummary:
         return f"rank {self.rank}: last entered #{e.seq} {e.name} on pg {e.pg} {e.sizes}: {e.state}{tail}"
 
 
-def _entry(raw: Mapping[str, Any]) -> FrEntry:
+def _int(x: object) -> int | None:
+    return x if type(x) is int and -_MAX_INT < x < _MAX_INT else None
+
+
+def _text(x: object, depth: int = 3) -> str:
+    """A field of a dump as bounded, printable text, whatever it holds: nesting, huge numbers and control
+    characters are cut, never followed (``str`` on a 100k-deep list or a 5000-digit int raises)."""
+    if isinstance(x, str):
+        out = "".join(c if c.isprintable() else "?" for c in x[:MAX_TEXT])
+    elif x is None or isinstance(x, bool | float):
+        out = repr(x)
+    elif type(x) is int:
+        out = str(x) if -_MAX_INT < x < _MAX_INT else "<int too large>"
+    elif isinstance(x, list | tuple):
+        if depth <= 0:
+            return "[...]"
+        items = [_text(v, depth - 1) for v in x[:16]]
+        out = "[" + ", ".join(items) + (", ..." if len(x) > 16 else "") + "]"
+    else:
+        out = f"<{type(x).__name__}>"
+    return out if len(out) <= MAX_TEXT else out[:MAX_TEXT - 3] + "..."
+
+
+def _entry(raw: Mapping[Any, Any]) -> FrEntry | str:
+    """One recorded collective, or why it is refused (a field of the wrong type)."""
+    for key in ("profiling_name", "state"):
+        if key in raw and not isinstance(raw[key], str):
+            return f"{key} is a {type(raw[key]).__name__}, not text"
     seq = raw.get("collective_seq_id")
-    created = raw.get("time_created_ns")
+    if seq is not None and _int(seq) is None:
+        return f"collective_seq_id is {_text(seq, 0)}, not a sequence number"
     pg = raw.get("process_group")
-    pg_name = "/".join(str(x) for x in pg) if isinstance(pg, list | tuple) else str(raw.get("pg_id", ""))
-    return FrEntry(seq if isinstance(seq, int) else None, pg_name, str(raw.get("profiling_name", "?")),
-                   str(raw.get("state", "?")), str(raw.get("input_sizes", "")),
-                   created if isinstance(created, int) else None)
+    pg_name = ("/".join(_text(x, 0) for x in pg[:4]) if isinstance(pg, list | tuple)
+               else _text(raw.get("pg_id", ""), 0))
+    return FrEntry(_int(seq), pg_name, _text(raw.get("profiling_name", "?")), _text(raw.get("state", "?")),
+                   _text(raw.get("input_sizes", "")), _int(raw.get("time_created_ns")))
 
 
 def summarize(dump: Mapping[str, Any], rank: int) -> FrSummary:
-    raw_entries = dump.get("entries") or []
-    entries = [_entry(e) for e in raw_entries if isinstance(e, dict)]
+    """One rank's decoded dump, summarised. Raises DumpError (and nothing else) for a dump of the wrong shape;
+    entries of the wrong shape are skipped, and said in ``problems``."""
+    try:
+        return _summarize(dump, rank)
+    except DumpError:
+        raise
+    except Exception as e:  # a hostile dump must cost its rank's summary, never the bundle
+        raise DumpError(f"unreadable dump ({type(e).__name__}: {_text(str(e), 0)})") from None
+
+
+def _summarize(dump: Mapping[str, Any], rank: int) -> FrSummary:
+    if not isinstance(dump, Mapping):
+        raise DumpError(f"a dump is a dict, this is a {type(dump).__name__}")
+    raw_entries = dump.get("entries")
+    if raw_entries is None:
+        raw_entries = []
+    if not isinstance(raw_entries, list | tuple):
+        raise DumpError(f"unreadable dump: entries is a {type(raw_entries).__name__}, not a list")
+    raw_status = dump.get("pg_status")
+    if raw_status is None:
+        raw_status = {}
+    if not isinstance(raw_status, Mapping):
+        raise DumpError(f"unreadable dump: pg_status is a {type(raw_status).__name__}, not a dict")
+    entries: list[FrEntry] = []
+    refused: dict[str, int] = {}
+    for e in raw_entries:
+        got = _entry(e) if isinstance(e, Mapping) else f"an entry is a {type(e).__name__}, not a dict"
+        if isinstance(got, str):
+            refused[got] = refused.get(got, 0) + 1
+        else:
+            entries.append(got)
+    problems = [f"{n} of {len(raw_entries)} entries skipped: {why}" for why, n in refused.items()][:8]
     status: dict[str, dict[str, int]] = {}
-    for pg, st in (dump.get("pg_status") or {}).items():
-        if isinstance(st, dict):
-            status[str(pg)] = {str(k): v for k, v in st.items() if isinstance(v, int)}
-    version = str(dump.get("version", ""))
+    for pg, st in raw_status.items():
+        if isinstance(st, Mapping):
+            status[_text(pg, 0)] = {_text(k, 0): v for k, v in st.items() if _int(v) is not None}
+        elif len(problems) < 16:
+            problems.append(f"pg_status of {_text(pg, 0)} is a {type(st).__name__}, not a dict: skipped")
+    version = _text(dump.get("version", ""), 0)
     if not entries:
-        return FrSummary(rank, 0, version, pg_status=status, note=BYPASS_NOTE)
+        note = BYPASS_NOTE if not raw_entries else "no readable collective entry in the dump"
+        return FrSummary(rank, 0, version, pg_status=status, note=note, problems=tuple(problems))
     coll = [e for e in entries if e.seq is not None] or entries
     last = max(coll, key=lambda e: (e.seq or 0, e.created_ns or 0))
     unfinished = [e for e in coll if e.state != "completed"]
     first = min(unfinished, key=lambda e: (e.seq or 0, e.created_ns or 0)) if unfinished else None
-    return FrSummary(rank, len(entries), version, last, first, status)
+    return FrSummary(rank, len(entries), version, last, first, status, problems=tuple(problems))
 
 
 def cross_rank_fr(summaries: Sequence[FrSummary]) -> str:
@@ -135,7 +204,9 @@ def cross_rank_fr(summaries: Sequence[FrSummary]) -> str:
     if not summaries:
         return ""
     if not seen:
-        return BYPASS_NOTE
+        if any(s.note == BYPASS_NOTE for s in summaries):
+            return BYPASS_NOTE
+        return "no rank's recorder held a readable collective"
     seqs = {s.rank: s.last_entered.seq or 0 for s in seen if s.last_entered}
     top = max(seqs.values())
     behind = sorted(r for r, q in seqs.items() if q < top)

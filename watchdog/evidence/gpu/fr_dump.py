@@ -13,11 +13,11 @@ import json
 import pickle
 from typing import Any
 
+from watchdog.evidence.gpu.flight_recorder import DumpError
+
+__all__ = ["MAX_DUMP_BYTES", "DumpError", "load_dump"]
+
 MAX_DUMP_BYTES = 64 * 1024 * 1024
-
-
-class DumpError(Exception):
-    pass
 
 
 class _BuiltinsOnly(pickle.Unpickler):
@@ -33,8 +33,11 @@ def load_dump(data: bytes, max_bytes: int = MAX_DUMP_BYTES) -> dict[str, Any]:
         raise DumpError("empty dump")
     try:
         obj = json.loads(data) if data[:1] == b"{" else _BuiltinsOnly(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as e:
-        raise DumpError(f"unreadable dump: {e}") from None
+    except RecursionError:
+        raise DumpError("unreadable dump: nested too deep") from None
+    except Exception as e:  # whatever the bytes make the decoder raise, the dump is unreadable
+        why = "".join(c if c.isprintable() else "?" for c in str(e)[:200])
+        raise DumpError(f"unreadable dump: {type(e).__name__}: {why}") from None
     if not isinstance(obj, dict):
         raise DumpError(f"a dump is a dict, this is a {type(obj).__name__}")
     return obj

@@ -119,6 +119,7 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
             before[rank] = -1
         errors[rank] = _write_pipe(cfg.pipe_path(rank), owners[rank])
     got: dict[int, tuple[bytes, float]] = {}
+    unreadable: dict[int, str] = {}  # rank -> why its newest dump could not be decoded
     waiting = {r for r in targets if not errors[r]}
     while waiting and clock() - t0 < settle:
         sleep(0.1)
@@ -133,13 +134,18 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
                 errors[rank] = f"{e}: not read"
                 waiting.discard(rank)
                 continue
-            except (OSError, DumpError):
+            except (OSError, DumpError) as e:
+                unreadable[rank] = f"{e}" if isinstance(e, DumpError) else ""
                 continue  # not there yet, or still being written
+            except Exception as e:  # a hostile dump costs its rank, never the other ranks
+                unreadable[rank] = f"unreadable dump ({type(e).__name__})"
+                continue
             got[rank] = (data, round(clock() - t0, 3))
             waiting.discard(rank)
     out = []
     for rank, (owner, cfg) in sorted(targets.items()):
         data, secs = got.get(rank, (b"", 0.0))
-        err = errors[rank] or ("" if rank in got else f"no readable dump at {cfg.dump_path(rank)} within {settle:g}s")
+        err = errors[rank] or ("" if rank in got else f"no readable dump at {cfg.dump_path(rank)} within {settle:g}s"
+                                + (f" ({unreadable[rank]})" if unreadable.get(rank) else ""))
         out.append(FrRank(rank, owner, cfg.pipe_path(rank), cfg.dump_path(rank), data, err, secs))
     return FrTrigger(tuple(out), tuple(dict.fromkeys(problems)), round(clock() - t0, 3))

@@ -85,13 +85,25 @@ def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, c
                 problems.append(f"Flight Recorder rank {r.rank}: {r.error}")
             if r.data:
                 dumps[r.rank] = r.data
-                try:
-                    summaries.append(summarize(load_dump(r.data), r.rank))
-                except DumpError as e:
-                    problems.append(f"Flight Recorder rank {r.rank}: {e}")
+                s, why = _summary(r.data, r.rank)
+                if s is not None:
+                    summaries.append(s)
+                    problems.extend(f"Flight Recorder rank {r.rank}: {p}" for p in s.problems)
+                else:
+                    problems.append(f"Flight Recorder rank {r.rank}: {why} (its bytes are kept in the bundle)")
         verdict = cross_rank_fr(summaries)
     return GpuEvidence(tuple(samples), tuple(readings), ras_text, ras, dumps, tuple(summaries), verdict, fr_seconds,
                        tuple(dict.fromkeys(problems)))
+
+
+def _summary(data: bytes, rank: int) -> tuple[FrSummary | None, str]:
+    """One rank's dump read, or why not: a dump of any shape costs its own rank's summary, never the bundle."""
+    try:
+        return summarize(load_dump(data), rank), ""
+    except DumpError as e:
+        return None, str(e)
+    except Exception as e:  # belt and braces: load_dump and summarize promise DumpError only
+        return None, f"unreadable dump ({type(e).__name__})"
 
 
 def _fr_configs(processes: Sequence[EngineProcess], cfg: GpuSection) -> dict[int, FrConfig | None] | None:
