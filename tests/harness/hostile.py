@@ -128,6 +128,19 @@ def started(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
         p.wait(timeout=10)
 
 
+def titled(p: subprocess.Popen[bytes], prefix: str = "VLLM::", timeout: float = 10.0) -> int:
+    """The host pid of what ``p`` runs once its command line starts with ``prefix`` (``exec -a`` done): waited for,
+    never guessed with a sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in [str(p.pid), *Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]:
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(prefix.encode()):
+                    return int(pid)
+        time.sleep(0.02)
+    raise AssertionError(f"pid {p.pid} never took a title starting with {prefix!r}")
+
+
 def leaf_pid(p: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
     """The host pid of what ``nsenter`` (or setpriv) runs: its child, or itself once it has exec'd."""
     deadline = time.monotonic() + timeout

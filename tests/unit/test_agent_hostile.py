@@ -17,6 +17,7 @@ or run directly as sshd runs it where no SSH is involved. Each test is one findi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -29,7 +30,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.hostile import NOBODY, NOBODY_UID, Cgroup, hex_id, leaf_pid, records, run_agent, size, started
+from tests.harness.hostile import (
+    NOBODY,
+    NOBODY_UID,
+    Cgroup,
+    hex_id,
+    leaf_pid,
+    records,
+    run_agent,
+    size,
+    started,
+    titled,
+)
 from tests.harness.sshnode import SshNode
 from watchdog.cli.nodes import check_node
 from watchdog.nodes.transport import NodeError, NodeLink
@@ -184,7 +196,7 @@ def test_a_local_users_titled_process_is_not_the_engines(node: SshNode, link: No
     rank lost (which would make the head restart the engine)."""
     before = size(node.audit_log)
     with started([*node.nsenter(), *NOBODY, "bash", "-c", "exec -a VLLM::Worker_TP1 sleep 300"]) as fake:
-        time.sleep(0.5)
+        titled(fake)
         listed = link.call("list")
         assert listed["processes"] == []
         [ignored] = listed["ignored"]
@@ -226,13 +238,46 @@ def test_a_process_in_the_nodes_unit_or_container_is_the_engines(node: SshNode, 
     try:
         with group, started([*node.nsenter(), *NOBODY, "bash", "-c", "exec -a VLLM::Worker_TP1 sleep 300"]) as fake:
             group.add(leaf_pid(fake))
-            time.sleep(0.3)
+            titled(fake)
             listed = link.call("list")
             assert [p["title"] for p in listed["processes"]] == ["VLLM::Worker_TP1"], listed
             os.killpg(fake.pid, 9)
             fake.wait(timeout=10)
     finally:
         node.agent_config.write_text(original)
+
+
+def test_many_long_titled_processes_of_a_local_user_do_not_fail_the_calls(node: SshNode, link: NodeLink) -> None:
+    """A local user's processes titled ``VLLM::Worker_AAAA...`` (100 000 characters each), forty of them: each is
+    one `ignored` record, which also goes to stderr, which sshd hands to the head. The records are few (the first
+    16, then one count) and their titles capped, and the head keeps only the tail of a long stderr: `list` and
+    `stacks` still answer."""
+    many = 40
+    script = (f't=$(head -c 100000 /dev/zero | tr "\\0" A); for i in $(seq 1 {many}); do '
+              '(exec -a "VLLM::Worker_$t$i" sleep 300) & done; wait')
+    before = size(node.audit_log)
+    with started([*node.nsenter(), *NOBODY, "bash", "-c", script]) as fake:
+        deadline = time.monotonic() + 20
+        while True:
+            kids = Path(f"/proc/{leaf_pid(fake)}/task/{leaf_pid(fake)}/children").read_text().split()
+            titles = 0
+            for pid in kids:
+                with contextlib.suppress(OSError):
+                    titles += Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::")
+            if titles == many:
+                break
+            assert time.monotonic() < deadline, f"{titles} of {many} titled"
+            time.sleep(0.05)
+        listed = link.call("list")
+        assert listed["processes"] == [] and len(listed["ignored"]) == many
+        stacks = link.call("stacks", {"rounds": 1, "gap": 0}, timeout=60)
+        assert stacks["capture"]["processes"] == []
+    got = records(node.audit_log, before)
+    ignored = [r for r in got if r["event"] == "ignored"]
+    assert 0 < len(ignored) <= 2 * 16  # two sessions, the first 16 of each
+    assert all(len(r["title"]) <= 256 for r in ignored)
+    assert len([r for r in got if r["event"] == "ignored, more"]) == 2
+    assert [r["ignored"] for r in got if r["event"] == "done"] == [many, many]
 
 
 # ---------------------------------------------------------------- 3, 4. the request itself

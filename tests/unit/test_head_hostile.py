@@ -45,7 +45,7 @@ from watchdog.evidence.gpu.fr_trigger import trigger
 from watchdog.evidence.gpu.ras_status import parse_ras
 from watchdog.evidence.stacks.parse import parse_any
 from watchdog.nodes.remote import RemoteEvidence, SshRunner
-from watchdog.nodes.transport import NodeLink
+from watchdog.nodes.transport import NodeError, NodeLink
 from watchdog.nodes.watch import LivenessStream
 from watchdog.scrape.page import PageError, read_page
 
@@ -186,6 +186,19 @@ def test_watchdog_nodes_reads_a_hostile_version_answer(hostile_node: tuple[Confi
     assert out["ptrace_allowed"] is False and not out["fine"]
 
 
+def test_a_long_stderr_does_not_fail_a_call(hostile_node: tuple[Config, Path, NodeLink]) -> None:
+    """A node's stderr far past the head's cap (its agent's audit lines: a local user's many titled processes) and
+    then its answer: the call is answered, only the tail of stderr kept. An answer past max_bytes is named as such."""
+    _, answers, link = hostile_node
+    (answers / "list.py").write_text("import json, os\nfor _ in range(50):\n    os.write(2, b'e' * 10000)\n"
+                                     "print(json.dumps({'ok': True, 'processes': [], 'ignored': []}))\n")
+    assert link.call("list")["processes"] == []
+    (answers / "version.py").write_text(f"import os\nos.write(1, b'x' * {link.node.max_bytes + 1})\n")
+    with pytest.raises(NodeError) as e:
+        link.call("version")
+    assert e.value.kind == "too_big" and f"answer (stdout) over {link.node.max_bytes} bytes" in e.value.message
+
+
 # ---------------------------------------------------------------- the liveness stream through the real sshd (6)
 
 CHATTY = ("import json, sys, time\n"
@@ -215,12 +228,16 @@ def hostile_key(node: SshNode, tmp_path: Path, name: str, script: str, *args: st
 
 
 def _keeps_reporting(stream: LivenessStream) -> None:
+    """Reports keep arriving (five new ones, 0.3 s apart, within 15 s), well after the flood: not a view's status
+    sampled against a 1.5 s staleness, which a loaded machine can miss now and then."""
     time.sleep(4)  # today: the ssh client blocks writing stderr to a pipe nobody reads; no report comes
-    views = []
-    for _ in range(10):
-        views.append(stream.view())
-        time.sleep(0.3)
-    assert all(v.status == "no_ranks" for v in views), views
+    seen: set[float] = set()
+    deadline = time.monotonic() + 15
+    while len(seen) < 5 and time.monotonic() < deadline:
+        if stream.received is not None:
+            seen.add(stream.received)
+        time.sleep(0.1)
+    assert len(seen) >= 5, (seen, stream.error)
 
 
 def test_a_chatty_stderr_does_not_freeze_the_stream(sshd: SshNode, tmp_path: Path) -> None:

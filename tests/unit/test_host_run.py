@@ -172,3 +172,13 @@ def test_a_run_interrupted_by_a_signal_handler_leaves_nothing_of_its_group(tmp_p
     child, grandchild = read_pids(pid_file)
     groups.append(child)
     assert is_gone(grandchild, 1.0) and is_gone(child, 1.0)
+
+
+def test_stderr_past_its_cap_keeps_its_tail_when_asked() -> None:
+    """``stderr_overflow="tail"``: a chatty stderr does not end the command; its last bytes are kept."""
+    chatty = "import os\nfor i in range(100):\n    os.write(2, b'x' * 1000 + b'%d\\n' % i)\nprint('answer')\n"
+    result = communicate([sys.executable, "-c", chatty], 30, max_err=500, stderr_overflow="tail")
+    assert result.ok and not result.too_big and result.stdout == b"answer\n"
+    assert len(result.stderr) == 500 and result.stderr.endswith(b"x99\n")
+    ended = communicate([sys.executable, "-c", chatty], 30, max_err=500)
+    assert ended.too_big and ended.error == "stderr over 500 bytes: ended"

@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from watchdog.host.childenv import child_env
 
@@ -89,10 +89,13 @@ def run(argv: Sequence[str], timeout: float, kill_grace: float = KILL_GRACE) -> 
 
 
 def communicate(argv: Sequence[str], timeout: float, data: bytes | None = None, max_out: int = MAX_STDOUT,
-                max_err: int = MAX_STDERR, kill_grace: float = KILL_GRACE) -> RunResult:
+                max_err: int = MAX_STDERR, kill_grace: float = KILL_GRACE,
+                stderr_overflow: Literal["end", "tail"] = "end") -> RunResult:
     """Run ``argv`` with ``data`` on its stdin (None: stdin empty), reading stdout and stderr apart until both close,
     ``timeout`` seconds at most for all of it; more than ``max_out`` bytes of stdout or ``max_err`` of stderr ends it
-    (``too_big``, what was read kept up to the caps)."""
+    (``too_big``, what was read kept up to the caps). ``stderr_overflow="tail"``: stderr past its cap does not end
+    the command, only its last ``max_err`` bytes are kept (stderr is diagnostics: a chatty one must not cost the
+    answer)."""
     args, started = tuple(argv), time.monotonic()
     child = _start(args, started, subprocess.DEVNULL if data is None else subprocess.PIPE, subprocess.PIPE,
                    subprocess.PIPE)
@@ -101,7 +104,8 @@ def communicate(argv: Sequence[str], timeout: float, data: bytes | None = None, 
     out, err = bytearray(), bytearray()
     ended = ""  # why we end it: "timed out", "too big"
     try:
-        ended = _exchange(child, data or b"", out, err, started + timeout, max_out, max_err)
+        ended = _exchange(child, data or b"", out, err, started + timeout, max_out, max_err,
+                          stderr_overflow == "tail")
         if not ended:
             try:
                 child.wait(timeout=max(0.1, started + timeout - time.monotonic()))
@@ -116,7 +120,8 @@ def communicate(argv: Sequence[str], timeout: float, data: bytes | None = None, 
                 f.close()
     if ended:
         end_group(child, kill_grace)
-    duration, stdout, stderr = time.monotonic() - started, bytes(out[:max_out]), bytes(err[:max_err])
+    duration, stdout = time.monotonic() - started, bytes(out[:max_out])
+    stderr = bytes(err[len(err) - max_err:] if stderr_overflow == "tail" and len(err) > max_err else err[:max_err])
     if ended == "timed out":
         return RunResult(args, None, duration, True, "", f"timed out after {_secs(timeout)}s", stdout, stderr)
     if ended:
@@ -127,8 +132,9 @@ def communicate(argv: Sequence[str], timeout: float, data: bytes | None = None, 
 
 
 def _exchange(child: subprocess.Popen[bytes], data: bytes, out: bytearray, err: bytearray, deadline: float,
-              max_out: int, max_err: int) -> str:
-    """Write ``data`` and read stdout and stderr until both close: "" then, else why it must be ended."""
+              max_out: int, max_err: int, err_tail: bool = False) -> str:
+    """Write ``data`` and read stdout and stderr until both close: "" then, else why it must be ended. ``err_tail``:
+    stderr past ``max_err`` is cut from its front instead (only its tail kept), never a reason to end."""
     assert child.stdout is not None and child.stderr is not None
     pending = memoryview(data)
     with selectors.DefaultSelector() as sel:
@@ -161,6 +167,8 @@ def _exchange(child: subprocess.Popen[bytes], data: bytes, out: bytearray, err: 
                     sel.unregister(key.fileobj)
                     continue
                 key.data.extend(chunk)
+                if err_tail and len(err) > max_err:
+                    del err[:len(err) - max_err]
                 if len(out) > max_out or len(err) > max_err:
                     return "too big"
     return ""

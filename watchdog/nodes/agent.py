@@ -45,6 +45,7 @@ from watchdog.nodes.protocol import (
     ProtocolError,
     capture_to_json,
     choose_log,
+    clean,
     parse_args,
     parse_verb,
     process_to_json,
@@ -53,6 +54,11 @@ from watchdog.nodes.ranks import RankTracker
 from watchdog.nodes.shm import remove_stale, shm_segments
 
 log = logging.getLogger("watchdog.agent")
+# the `ignored` records of one session: each goes to stderr too (sshd hands it to the head), and any local user can
+# title processes, as many and as long as they like; so the first few are recorded, their titles capped, the rest
+# counted
+MAX_IGNORED_RECORDS = 16
+MAX_TITLE = 256
 
 
 class Refused(Exception):
@@ -87,9 +93,15 @@ class Agent:
             why = self.identity.check(p.pid, p.title)
             if not why:
                 kept.append(p)
-            elif p.pid not in self.ignored:  # said once per session
+            elif p.pid not in self.ignored:  # said once per session, and only for the first few
                 self.ignored[p.pid] = why
-                audit.record(log, "ignored", logging.WARNING, process=p.pid, title=p.title, reason=why)
+                if len(self.ignored) <= MAX_IGNORED_RECORDS:
+                    audit.record(log, "ignored", logging.WARNING, process=p.pid, title=clean(p.title, MAX_TITLE),
+                                 reason=clean(why, 1000))
+                elif len(self.ignored) == MAX_IGNORED_RECORDS + 1:
+                    audit.record(log, "ignored, more", logging.WARNING, reason=(
+                        f"more than {MAX_IGNORED_RECORDS} titled processes not taken for the engine's: the rest are "
+                        "counted (in the session's last record), not recorded each"))
         return kept
 
     def handle(self, verb: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -247,7 +259,8 @@ def serve(cfg: AgentConfig, command: str | None, stdin: int = 0, out: IO[str] | 
         args = check_args(verb, parse_args(read_request(stdin, MAX_REQUEST_BYTES, cfg.request_timeout)))
         agent = Agent(cfg, out)
         answer = agent.handle(verb, args)
-        audit.record(log, "done", verb=verb, seconds=round(time.monotonic() - started, 3), **agent.done)
+        many = {"ignored": len(agent.ignored)} if len(agent.ignored) > MAX_IGNORED_RECORDS else {}
+        audit.record(log, "done", verb=verb, seconds=round(time.monotonic() - started, 3), **agent.done, **many)
     except (ProtocolError, Refused) as e:
         audit.record(log, "refused", logging.WARNING, verb=verb or None, reason=str(e),
                      seconds=round(time.monotonic() - started, 3))

@@ -135,13 +135,17 @@ class NodeLink:
         """One verb, its answer; NodeError for every failure (unreachable, refused, too slow, too big)."""
         limit = timeout if timeout is not None else self.node.call_timeout
         self.connect()
+        # stderr (the agent's audit lines, ssh's messages) is diagnostics: past its cap only its tail is kept, so a
+        # node's chatty stderr (a local user's many titled processes, each one audit line) cannot fail the call
         raw = communicate(self.verb_argv(verb), limit, json.dumps(args or {}).encode(), self.node.max_bytes,
-                          MAX_STDERR, KILL_GRACE)
+                          MAX_STDERR, KILL_GRACE, stderr_overflow="tail")
         name = self.node.name
         if raw.timed_out:
             raise NodeError(name, "timeout", f"{verb}: no answer within {limit:g}s (the call was ended)")
         if raw.too_big:
-            raise NodeError(name, "too_big", f"{verb}: answer over {self.node.max_bytes} bytes (the call was ended)")
+            what = (f"answer (stdout) over {self.node.max_bytes} bytes" if raw.error.startswith("stdout")
+                    else f"stderr over {MAX_STDERR} bytes")
+            raise NodeError(name, "too_big", f"{verb}: {what} (the call was ended)")
         if raw.rc is None:  # ssh itself could not start
             raise NodeError(name, "unreachable", f"{verb}: {raw.error}")
         if raw.rc == 255 and not raw.stdout:
