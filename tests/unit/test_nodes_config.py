@@ -74,3 +74,38 @@ def test_answers() -> None:
 def test_pure_node_modules_reach_no_io(name: str) -> None:
     bad = {dep for dep in reach(name) if dep.split(".")[0] in IO or dep in IO}
     assert not bad, f"{name} reaches I/O: {bad}"
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("[capture]\nrounds = 6\n", "capture.rounds must be 1 to 5"),
+    ("[capture]\ntimeout = 61\n", "capture.timeout must be 0.5 to 60"),
+    ("[capture]\ntimeout = 0.4\n", "capture.timeout must be 0.5 to 60"),
+    ("[capture]\ngap = 31\n", "capture.gap must be 0 to 30"),
+    ("liveness_interval = 0.1\n", "nodes[0].liveness_interval must be 0.2 to 60"),
+    ("liveness_interval = 61\nliveness_stale = 200\n", "nodes[0].liveness_interval must be 0.2 to 60"),
+])
+def test_the_head_refuses_what_every_agent_would(tmp_path: Path, text: str, named: str) -> None:
+    """With [[nodes]], a [capture] or liveness value the agents refuse is refused at load, the key named (before: the
+    head loaded it, and every node refused every stacks call, or its liveness stream, for good)."""
+    config = NODE + text if not text.startswith("[") else text + NODE
+    with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        load(write(tmp_path, config))
+    if text.startswith("[capture]"):  # no nodes: nothing of it goes to an agent
+        load(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("edge", ["low", "high"])
+def test_what_the_head_accepts_every_agent_takes(tmp_path: Path, edge: str) -> None:
+    from watchdog.config.nodes import CAPTURE_GAP, CAPTURE_ROUNDS, CAPTURE_TIMEOUT, LIVENESS_INTERVAL
+    from watchdog.nodes.arguments import check_args
+    i = 0 if edge == "low" else 1
+    cfg = load(write(tmp_path, f"[capture]\nrounds = {CAPTURE_ROUNDS[i]}\ngap = {CAPTURE_GAP[i]}\n"
+                               f"timeout = {CAPTURE_TIMEOUT[i]}\n" + NODE +
+                     f"liveness_interval = {LIVENESS_INTERVAL[i]}\nliveness_stale = 100\n"))
+    c = cfg.capture
+    assert check_args("stacks", {"rounds": c.rounds, "gap": c.gap, "timeout": c.timeout})["rounds"] == c.rounds
+    assert check_args("liveness", {"interval": cfg.nodes[0].liveness_interval})["interval"] == LIVENESS_INTERVAL[i]
+    for key, far in (("rounds", CAPTURE_ROUNDS[1] + 1), ("gap", CAPTURE_GAP[1] + 1),
+                     ("timeout", CAPTURE_TIMEOUT[1] + 1)):
+        with pytest.raises(ProtocolError):
+            check_args("stacks", {key: far})

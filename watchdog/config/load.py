@@ -321,7 +321,7 @@ def _validate(cfg: Config) -> None:
         except ValueError as e:
             raise ConfigError(f"{src}: {e}") from None
     try:
-        check_nodes(cfg.nodes)
+        check_nodes(cfg.nodes, cfg.capture)
         check_restart(cfg.restart, node_names(cfg.nodes))
     except ValueError as e:
         raise ConfigError(f"{src}: {e}") from None

@@ -11,9 +11,29 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol
 
 LOCAL = "local"
 MAX_LOG_LINES = 5000  # the agent's cap on a log tail (watchdog.nodes.agent, verb context)
+# The ranges a node's agent takes (`watchdog.nodes.arguments`), and so the ones the head's config may give when it
+# has [[nodes]] (`check_nodes`): one place, so that a value the head accepts is never one every node refuses
+CAPTURE_ROUNDS = (1, 5)  # [capture] rounds: the verb stacks' rounds
+CAPTURE_GAP = (0.0, 30.0)  # [capture] gap, seconds
+CAPTURE_TIMEOUT = (0.5, 60.0)  # [capture] timeout, seconds: one py-spy dump
+LIVENESS_INTERVAL = (0.2, 60.0)  # [[nodes]] liveness_interval, seconds: the verb liveness's interval
+
+
+class CaptureSettings(Protocol):
+    """What of [capture] goes to every node's agent (`watchdog.config.load.CaptureSection`)."""
+
+    @property
+    def rounds(self) -> int: ...
+
+    @property
+    def gap(self) -> float: ...
+
+    @property
+    def timeout(self) -> float: ...
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -41,8 +61,14 @@ class NodeSection:
     remove_shm: bool = False  # before the first start, remove the segments a dead engine left in /dev/shm there
 
 
-def check_nodes(nodes: tuple[NodeSection, ...]) -> None:
-    """Raises ValueError naming the key."""
+def check_nodes(nodes: tuple[NodeSection, ...], capture: CaptureSettings | None = None) -> None:
+    """Raises ValueError naming the key. With nodes, ``capture``'s settings must be ones their agents take."""
+    if nodes and capture is not None:
+        for key, (low, high) in (("rounds", CAPTURE_ROUNDS), ("gap", CAPTURE_GAP), ("timeout", CAPTURE_TIMEOUT)):
+            value = getattr(capture, key)
+            if not low <= value <= high:
+                raise ValueError(f"capture.{key} must be {low:g} to {high:g} when [[nodes]] are configured (the "
+                                 f"most a node's agent takes), got {value!r}")
     seen: set[str] = set()
     for i, n in enumerate(nodes):
         where = f"nodes[{i}]"
@@ -63,6 +89,10 @@ def check_nodes(nodes: tuple[NodeSection, ...]) -> None:
         for key in ("connect_timeout", "call_timeout", "liveness_interval", "liveness_stale", "pre_start_timeout"):
             if not getattr(n, key) > 0:
                 raise ValueError(f"{where}.{key} must be greater than 0, got {getattr(n, key)!r}")
+        low, high = LIVENESS_INTERVAL
+        if not low <= n.liveness_interval <= high:
+            raise ValueError(f"{where}.liveness_interval must be {low:g} to {high:g} (what the node's agent takes), "
+                             f"got {n.liveness_interval!r}")
         if n.liveness_stale <= n.liveness_interval:
             raise ValueError(f"{where}.liveness_stale must exceed liveness_interval")
         if n.max_bytes < 4096 or not 0 <= n.log_lines <= MAX_LOG_LINES:

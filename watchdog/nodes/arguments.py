@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from watchdog.config.nodes import MAX_LOG_LINES
+from watchdog.config.nodes import CAPTURE_GAP, CAPTURE_ROUNDS, CAPTURE_TIMEOUT, LIVENESS_INTERVAL, MAX_LOG_LINES
 from watchdog.nodes.protocol import LOG_KINDS, ProtocolError
 
 PID_MAX = 1 << 22  # the kernel's highest pid_max
@@ -62,10 +62,11 @@ Spec = Bool | Int | Num | Pids | Argv | Log
 ARGS: dict[str, dict[str, Spec]] = {
     "version": {},
     "list": {},
-    "stacks": {"pids": Pids(), "rounds": Int(2, 1, 5), "gap": Num(3.0, 0, 30), "timeout": Num(None, 0.5, 60),
-               "native": Bool(False), "locals": Bool(False)},
+    # the ranges are the head's too (`watchdog.config.nodes`): what its config accepts, every node takes
+    "stacks": {"pids": Pids(), "rounds": Int(2, *CAPTURE_ROUNDS), "gap": Num(3.0, *CAPTURE_GAP),
+               "timeout": Num(None, *CAPTURE_TIMEOUT), "native": Bool(False), "locals": Bool(False)},
     "context": {"lines": Int(200, 0, MAX_LOG_LINES), "log": Log()},
-    "liveness": {"interval": Num(2.0, 0.2, 60)},
+    "liveness": {"interval": Num(2.0, *LIVENESS_INTERVAL)},
     "run": {"argv": Argv(), "timeout": Num(300.0, 0.1, 7200)},
     "shm": {"remove": Bool(False)},
 }
