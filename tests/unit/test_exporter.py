@@ -8,13 +8,18 @@ import socket
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import requests
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+import watchdog.service.exporter as exporter_module
 from watchdog.core.types import PageReading, Scrape, State, Verdict
+from watchdog.nodes.liveness import NodeView, overlay
 from watchdog.service.exporter import Exporter
+from watchdog.service.probes import ProbeSettings
 
 
 def samples(e: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -89,3 +94,61 @@ def test_the_exporter_listens_on_ipv6_when_asked() -> None:
         return
     port = Exporter().serve("::1", 0)
     assert requests.get(f"http://[::1]:{port}/metrics", timeout=10).status_code == 200
+
+
+def _frozen_clock(monkeypatch: pytest.MonkeyPatch, start: float) -> list[float]:
+    """The exporter's monotonic clock, moved by the test (the verdicts' clock is the same here)."""
+    clock = [start]
+    monkeypatch.setattr(exporter_module, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    return clock
+
+
+def test_one_engine_with_old_verdicts_cannot_hide_behind_a_fresh_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Staleness counts from the oldest verdict: an engine whose judging fails every pass keeps its old verdict, and a
+    fresh verdict of another engine must not make the pair look current."""
+    clock = _frozen_clock(monkeypatch, 1000.0)
+    e = Exporter(probes=ProbeSettings(live_after=300.0, stale_after=30.0))
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 0.0, 1000.0), Verdict("1", State.IDLE, "idle", 0.0, 900.0)],
+                   1000.0)
+    for kind in ("readyz", "livez"):
+        a = e.probe(kind)
+        assert a.code == 503 and "no pass for 100s" in str(a.body["watchdog"]), kind
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 0.0, 1000.0), Verdict("1", State.IDLE, "idle", 0.0, 999.0)],
+                   1000.0)
+    clock[0] = 1001.0
+    assert e.probe("readyz").code == 200
+
+
+def test_livez_counts_trouble_from_the_same_overlaid_verdicts_it_shows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[[nodes]]: the daemon hands over the verdicts with the other nodes' view laid over them once, and /livez's
+    trouble clock follows them: a rank lost on another node (shown down) fails /livez after live_after, counted from
+    when it was seen; a local freeze that the overlay shows as blind does not."""
+    clock = _frozen_clock(monkeypatch, 1000.0)
+    e = Exporter(probes=ProbeSettings(live_after=60.0, stale_after=1e9))
+    lost = [NodeView("w1", "rank_lost", "rank 1 on w1 is gone")]
+
+    def one_pass(local: list[Verdict], views: list[NodeView]) -> None:
+        e.set_verdicts(local, clock[0])
+        e.set_overlaid(overlay(local, views), local, clock[0])
+
+    working = [Verdict("0", State.WORKING, "moved", 0.0, 1000.0)]  # working since long ago
+    one_pass(working, lost)
+    a = e.probe("livez")
+    assert a.code == 200 and a.body["state"] == "down"  # down since now: live_after has not passed
+    assert e.probe("readyz").code == 503
+    clock[0] = 1030.0
+    one_pass([Verdict("0", State.WORKING, "moved", 0.0, 1030.0)], lost)
+    assert e.probe("livez").code == 200
+    clock[0] = 1061.0
+    one_pass([Verdict("0", State.WORKING, "moved", 0.0, 1061.0)], lost)
+    a = e.probe("livez")
+    assert a.code == 503 and a.body["state"] == "down" and a.body["for_seconds"] == 61.0
+
+    e = Exporter(probes=ProbeSettings(live_after=60.0, stale_after=1e9))
+    blind = [NodeView("w1", "blind", "node w1 not seen for 30s")]
+    frozen = [Verdict("0", State.FROZEN, "nothing moves", 500.0, 1061.0)]  # frozen locally for 561 s
+    e.set_verdicts(frozen, clock[0])
+    assert e.probe("livez").code == 503  # without nodes: the local freeze counts
+    e.set_overlaid(overlay(frozen, blind), frozen, clock[0])
+    a = e.probe("livez")
+    assert a.code == 200 and a.body["state"] == "blind"

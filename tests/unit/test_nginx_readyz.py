@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -166,3 +167,25 @@ def test_nginx_follows_the_watchdogs_readyz(tmp_path: Path, procs: list[subproce
     frozen_out = out_workers(tmp_path, addrs[1], addrs[:1])
     by_them = [u for pid, u in served(tmp_path / "access.log") if pid in frozen_out]
     assert by_them and set(by_them) == {addrs[0]}, by_them
+
+
+def test_a_failed_reload_is_tried_again(tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """The block is kept only once a reload succeeded: a failed reload puts the previous one back, and the next
+    round writes it and reloads again (before: the new block stayed in place, and no round ever reloaded again)."""
+    out, calls, reload = tmp_path / "upstream.conf", tmp_path / "reloads", tmp_path / "reload.sh"
+    out.write_text("upstream vllm {\n    server 127.0.0.1:1 max_fails=0;\n}\n")
+    reload.write_text(f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -ge 2 ]\n')  # the first one fails
+    reload.chmod(0o755)
+    script = ROOT / "deploy" / "nginx" / "readyz-upstreams.sh"
+    started(procs, ["sh", str(script), str(out), "vllm", f"127.0.0.1:1=http://127.0.0.1:{free_port()}/readyz"],
+            tmp_path / "loop.log", env={**os.environ, "INTERVAL": "0.1", "RELOAD": str(reload)})
+
+    def reloads() -> int:
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    wait_for(lambda: reloads() >= 2, 20, "a second reload after the first failed")
+    wait_for(lambda: "server 127.0.0.1:1 down;" in out.read_text(), 5, "the block in place after it")
+    time.sleep(0.5)
+    assert reloads() == 2  # reloaded once it worked, and not again: nothing changed since
+    assert not (tmp_path / "upstream.conf.prev").exists()
+    assert "reload failed" in (tmp_path / "loop.log").read_text()

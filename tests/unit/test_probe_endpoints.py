@@ -3,18 +3,21 @@ directory's check, and the real daemon against the fake engine (idle → ready; 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.fakes import FAST, EngineModel, fake_engine, wait_for
 from tests.unit.test_act_daemon import Daemon, freeze
 from watchdog.core.types import State, Verdict
-from watchdog.service.exporter import Exporter
+from watchdog.service.exporter import Exporter, _QuietHandler
 from watchdog.service.probes import ProbeSettings
 from watchdog.service.state_check import StateDirCheck
 
@@ -87,10 +90,11 @@ def test_a_bug_in_a_probe_answers_500_and_the_server_goes_on() -> None:
     e, base = served()
     e.set_verdicts([Verdict("0", State.IDLE, "idle", 0.0, 1.0)], 1.0)
     e.state_problem = lambda: str(1 / 0)
-    r = requests.get(f"{base}/livez", timeout=10)
+    r = requests.get(f"{base}/readyz", timeout=10)
     assert r.status_code == 500 and "ZeroDivisionError" in r.json()["error"]
+    assert requests.get(f"{base}/livez", timeout=10).status_code == 200  # /livez never asks the state directory
     e.state_problem = lambda: ""
-    assert requests.get(f"{base}/livez", timeout=10).status_code == 200
+    assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
 
 
 def test_a_stuck_pass_loop_fails_both() -> None:
@@ -106,18 +110,88 @@ def test_the_state_directory_check(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     failures = [0]
-    check = StateDirCheck(state, lambda: failures[0], clock=iter(range(0, 1000, 10)).__next__)
+    t = [0.0]
+    check = StateDirCheck(state, lambda: failures[0], clock=lambda: t[0])
     assert check() == ""
     failures[0] = 2
-    assert "2 event(s) in a row could not be written" in check()
+    assert "2 event(s) in a row could not be written" in check()  # until the next look's test write
     failures[0] = 0
+    t[0] += 10
     state.rmdir()
     assert "No such file or directory" in check()
+    t[0] += 10
     state.write_text("a file")
     assert "not a directory" in check()
+    t[0] += 10
     state.unlink()
     state.mkdir()
     assert check() == ""
+
+
+def test_a_failed_event_write_counts_until_a_test_write_succeeds(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk full for a moment fails one event write; a calm engine writes no other event: the check's own test
+    write (at its next look) ends the streak, so /readyz does not stay 503 for ever. A test write that fails keeps
+    it; a later failed event write counts again."""
+    failures, t = [0], [0.0]
+    check = StateDirCheck(tmp_path, lambda: failures[0], clock=lambda: t[0])
+    assert check() == ""
+    failures[0] = 1  # the event log lost one write; nothing written since
+    assert "1 event(s) in a row could not be written" in check()
+    t[0] = 2.0
+    assert "1 event(s)" in check()  # looked at most every LOOK_EVERY seconds
+    t[0] = 5.0
+    assert check() == ""  # the test write worked: the disk has room again
+    assert list(tmp_path.iterdir()) == []  # and left nothing behind
+    t[0] = 60.0
+    assert check() == ""
+    failures[0] = 2  # another write lost
+    real_open = os.open
+
+    def full(path: object, *args: object, **kw: object) -> int:
+        if ".state-check-" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", full)
+    assert "2 event(s)" in check()
+    t[0] = 70.0
+    assert "test write" in check() and "No space left" in check()  # still full
+    monkeypatch.setattr(os, "open", real_open)
+    t[0] = 80.0
+    assert check() == ""
+    failures[0] = 0  # an event written: the streak is over
+    assert check() == ""
+    failures[0] = 1  # and a new one counts again
+    assert "1 event(s)" in check()
+
+
+def test_livez_does_not_fail_on_the_state_directory() -> None:
+    """A full state volume takes the engines out of rotation (/readyz), but recreating the pod would not give it room:
+    /livez (wired to the vLLM container) stays 200."""
+    e, base = served()
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 0.0, 1.0)], 1.0)
+    e.state_problem = lambda: "no space left (0 bytes free)"
+    r = requests.get(f"{base}/readyz", timeout=10)
+    assert r.status_code == 503 and "cannot be used: no space left" in r.json()["watchdog"]
+    live = requests.get(f"{base}/livez", timeout=10)
+    assert live.status_code == 200 and live.json()["watchdog"] == "ok"
+
+
+def test_an_idle_connection_is_dropped(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """A client that connects and sends nothing is closed after the handler's timeout, quietly; the server answers
+    the next one."""
+    assert _QuietHandler.timeout is not None and 0 < _QuietHandler.timeout <= 30
+    monkeypatch.setattr(_QuietHandler, "timeout", 0.3)
+    _, base = served()
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        began = time.monotonic()
+        assert s.recv(1024) == b""  # closed by the server
+        assert time.monotonic() - began < 5
+    assert requests.get(f"{base}/livez", timeout=10).status_code == 200  # no verdict yet, still answering
+    time.sleep(0.1)
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_the_daemon_takes_a_frozen_engine_out_then_calls_it_not_live(
@@ -141,7 +215,8 @@ def test_the_daemon_takes_a_frozen_engine_out_then_calls_it_not_live(
         wait_for(lambda: code("/readyz") == 200, 30, "ready once idle")
         assert code("/livez") == 200
         (tmp_path / "state").rename(tmp_path / "moved")  # the state directory gone: the watchdog cannot vouch
-        wait_for(lambda: code("/readyz") == 503 and code("/livez") == 503, 30, "not ready, not live")
+        wait_for(lambda: code("/readyz") == 503, 30, "not ready")
+        assert code("/livez") == 200  # a state directory problem never fails /livez
         assert "cannot be used" in requests.get(f"{base}/readyz", timeout=5).json()["watchdog"]
         (tmp_path / "moved").rename(tmp_path / "state")
         wait_for(lambda: code("/readyz") == 200, 30, "ready again")

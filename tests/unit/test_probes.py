@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from watchdog.core.types import State, Verdict
-from watchdog.service.probes import ProbeSettings, carry_trouble, liveness, own_problem, readiness, stale_after
+from watchdog.service.probes import (
+    ProbeSettings,
+    carry_trouble,
+    liveness,
+    own_problem,
+    probe_problems,
+    readiness,
+    stale_after,
+)
 
 
 def v(state: State, engine: str = "0", since: float = 0.0, t: float = 100.0, reason: str = "why") -> Verdict:
@@ -81,12 +89,24 @@ def test_the_watchdogs_own_health_fails_both() -> None:
     assert "since it started" in own_problem(None, 31.0, s)
     disk = own_problem(1.0, 1000.0, s, "no space left")
     assert disk == "the watchdog's state directory cannot be used: no space left"
-    for problem in (stuck, disk):
-        r = readiness([v(State.IDLE)], 100.0, None, problem)
-        live = liveness([v(State.IDLE)], 100.0, {}, None, problem, 300.0)
-        assert r.code == live.code == 503
-        assert r.body["watchdog"] == live.body["watchdog"] == problem
+    r = readiness([v(State.IDLE)], 100.0, None, stuck)
+    live = liveness([v(State.IDLE)], 100.0, {}, None, stuck, 300.0)
+    assert r.code == live.code == 503
+    assert r.body["watchdog"] == live.body["watchdog"] == stuck
     assert liveness([], 0.0, {}, None, stuck, 300.0).code == 503
+
+
+def test_the_state_directory_fails_readiness_only() -> None:
+    """Recreating the pod gives a full disk no room, and /livez is wired to the engine's container: a state
+    directory that cannot be used takes the engines out (/readyz) but never restarts them (/livez)."""
+    s = ProbeSettings(live_after=300.0, stale_after=30.0)
+    ready, live = probe_problems(1.0, 1000.0, s, "no space left")
+    assert ready == "the watchdog's state directory cannot be used: no space left" and live == ""
+    assert readiness([v(State.IDLE)], 100.0, None, ready).code == 503
+    assert liveness([v(State.IDLE)], 100.0, {}, None, live, 300.0).code == 200
+    ready, live = probe_problems(45.0, 1000.0, s, "no space left")  # a stuck loop still fails both
+    assert "cannot be used" in ready and "no pass for 45s" in live
+    assert probe_problems(None, 31.0, s) == (own_problem(None, 31.0, s),) * 2
 
 
 def test_long_reasons_are_cut_and_the_stale_bound_follows_the_scrape() -> None:

@@ -254,6 +254,23 @@ def test_a_page_naming_more_engines_than_any_server_runs_is_refused(server: Loca
     assert_server_state(s, State.BLIND, "malformed")
 
 
+def test_one_engine_with_an_extra_label_per_line_is_refused(server: LocalServer) -> None:
+    """The engine cap alone lets one engine through with 100,000 lines that differ in an extra label (seconds to read
+    at the page cap): the samples read are capped too, with a clear reason; a page at the cap is still read."""
+    from watchdog.scrape.page import MAX_SAMPLES
+
+    def lines(n: int) -> bytes:
+        return page(*(f'vllm:num_requests_running{{engine="0",model_name="m",x="{i}"}} 0.0' for i in range(n)))
+
+    server.behaviour = lambda h: h.reply(200, lines(MAX_SAMPLES))
+    s = fetch(server.url)
+    assert s.ok and s.page is not None and list(s.page.engines) == ["0"]
+    server.behaviour = lambda h: h.reply(200, lines(100_000))
+    s = fetch(server.url)
+    assert_failed(s, "malformed", f"more than {MAX_SAMPLES} samples")
+    assert_server_state(s, State.BLIND, "malformed")
+
+
 def test_page_without_vllm_series(server: LocalServer) -> None:
     body = page("# TYPE python_info gauge", 'python_info{version="3.11.7"} 1.0', "process_open_fds 38.0")
     server.behaviour = lambda h: h.reply(200, body)

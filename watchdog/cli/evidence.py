@@ -46,7 +46,8 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     gpu: GpuMonitor | None = GpuMonitor(NvmlSource(), g.dense_interval, g.dense_interval) if g.enabled else None
     if gpu is not None and gpu.start():
         gpu = None  # no GPU here: nothing to add
-    inv = Investigator(cfg, http, gpu=gpu, others=RemoteEvidence(cfg) if cfg.nodes else None)
+    remote = RemoteEvidence(cfg) if cfg.nodes else None  # ssh masters and temp dirs: closed below
+    inv = Investigator(cfg, http, gpu=gpu, others=remote)
     try:
         evidence = inv.investigate(work_pending=work_pending(http))  # the GPU is sampled meanwhile
         out = Path(args.out) if args.out else inv.incidents_dir
@@ -60,6 +61,8 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     finally:
         if gpu is not None:
             gpu.stop()
+        if remote is not None:
+            remote.close()
     f = evidence.findings
     m = json.loads((path / "manifest.json").read_text()) if path else {}
     # per node, what was captured (the bundle's, with logs and versions; else the capture's own)

@@ -70,6 +70,9 @@ DEFAULT_ENGINE = "0"  # vLLM before data parallelism had no `engine` label; a si
 # More engines than any deployment runs (data-parallel ranks of one server): a page naming more is refused, not read
 # (100,000 engine labels in 3.6 MB took seconds to read, and the page cap allows 16 MiB).
 MAX_ENGINES = 256
+# More wanted samples than any such deployment shows (15 wanted names, a few label variants each: a real engine shows
+# a dozen or two): one engine with an extra label per line would otherwise pass the engine cap with 100,000 lines.
+MAX_SAMPLES = MAX_ENGINES * 64
 
 
 class PageError(Exception):
@@ -197,6 +200,9 @@ def read_page(text: str) -> PageReading:
             engine_labels.add(series.engine)
             if len(engine_labels) > MAX_ENGINES:
                 raise PageError("malformed", f"the page names more than {MAX_ENGINES} engines: not a vLLM page")
+        if len(samples) >= MAX_SAMPLES:
+            raise PageError("malformed", f"the page has more than {MAX_SAMPLES} samples of the series read "
+                                         f"(at most {MAX_ENGINES} engines x 64): not a vLLM page")
         samples.append((series, value))
         if not math.isfinite(value):
             dropped.append(f"{series.key[0]}{{{label_text}}} = {value}")

@@ -89,6 +89,7 @@ class Daemon:
         self.evidence: EvidenceCoordinator | None = None
         self.act: Act | None = None
         self.nodes: NodeWatch | None = None  # [[nodes]]: every other node's ranks, for the verdicts
+        self.remote: RemoteEvidence | None = None  # [[nodes]]: the other nodes' evidence (ssh masters, temp dirs)
         self.status_file = StatusFile(state_dir, {"stack": cfg.engine.name, "url": self.url,
                                                   "interval": cfg.scrape.interval},
                                       self.exporter.write_errors.labels("status.json").inc)
@@ -119,8 +120,8 @@ class Daemon:
             if self.gpu.start():
                 self.gpu = None  # said once by the monitor: no GPU here, and nothing else happens
         if self.cfg.capture.enabled and not once:
-            others = RemoteEvidence(self.cfg) if self.cfg.nodes else None
-            investigator = Investigator(self.cfg, self.http, gpu=self.gpu, others=others)
+            self.remote = RemoteEvidence(self.cfg) if self.cfg.nodes else None
+            investigator = Investigator(self.cfg, self.http, gpu=self.gpu, others=self.remote)
             for problem in investigator.preflight():
                 log.warning("evidence capture: %s", problem)
             self.runner = EvidenceRunner(investigator)
@@ -156,6 +157,8 @@ class Daemon:
             self.notifier.stopping()
             if self.runner is not None:
                 self.runner.stop()
+            if self.remote is not None:
+                self.remote.close()
             if self.gpu is not None:
                 self.gpu.stop()
             if self.act is not None:
@@ -303,9 +306,9 @@ class Daemon:
                 log.warning("node %s: %s: %s", v.node, v.status, v.reason)
                 self._event({"time": iso(time.time()), "stack": self.cfg.engine.name, "event": "node_state",
                              "node": v.node, "state": v.status, "reason": v.reason})
-            verdicts = overlay(verdicts, views)
+            local, verdicts = verdicts, overlay(verdicts, views)
             nodes_well = all(v.status == "ok" for v in views)
-            self.exporter.node_views = views  # /readyz and /livez see the other nodes too
+            self.exporter.set_overlaid(verdicts, local, watcher.clock())  # /readyz and /livez see the other nodes
         calm_here = self._calm and nodes_well and self.act.settled
         if calm_here and now < self._respond_next and not self._deadlines_due:
             return  # calm, and nothing open, running or reserved: the act stage has nothing to do on this pass

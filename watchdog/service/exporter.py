@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -20,8 +21,7 @@ from prometheus_client.registry import Collector
 
 from watchdog.core.types import ProbeFinished, Scrape, State, Transition, Verdict
 from watchdog.evidence.gpu.readings import GpuSample
-from watchdog.nodes.liveness import NodeView, overlay
-from watchdog.service.probes import Answer, ProbeSettings, carry_trouble, liveness, own_problem, readiness
+from watchdog.service.probes import Answer, ProbeSettings, carry_trouble, liveness, probe_problems, readiness
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,10 @@ class Exporter:
         self._incident: tuple[str, str] | None = None  # the open incident's (engine, id)
         self._born = time.monotonic()
         self.state_problem: Callable[[], str] = lambda: ""  # the state directory's health (service.state_check)
-        self.node_views: list[NodeView] = []  # [[nodes]]: what the other nodes say, laid over the verdicts
+        # [[nodes]]: the verdicts with the other nodes' view laid over them (the daemon's respond step hands them
+        # over) and since when each of those has been frozen or down: what the probes answer from, when set
+        self._overlaid: tuple[list[Verdict], dict[str, float]] | None = None
+        self._overlay_since: dict[str, tuple[State, float]] = {}  # engine -> a state the overlay gave it, since
         if registry is None:
             ProcessCollector(registry=self.registry)
         r = self.registry
@@ -113,6 +116,23 @@ class Exporter:
         self.passes.verdicts, self.passes.now = verdicts, now
         self._last = (verdicts, now, time.monotonic())
 
+    def set_overlaid(self, verdicts: list[Verdict], local: list[Verdict], now: float) -> None:
+        """[[nodes]]: the pass's verdicts with the other nodes' view laid over them (``local``: the same without),
+        for /readyz and /livez, states and trouble clock alike. A state the overlay gave an engine counts from when it
+        was first seen so (``now``, the verdicts' clock), not from the local state's ``since``."""
+        states = {v.engine: v.state for v in local}
+        seen: list[Verdict] = []
+        for v in verdicts:
+            if v.state != states.get(v.engine):
+                before = self._overlay_since.get(v.engine)
+                since = before[1] if before is not None and before[0] == v.state else now
+                self._overlay_since[v.engine] = (v.state, since)
+                seen.append(replace(v, since=since))
+            else:
+                self._overlay_since.pop(v.engine, None)
+                seen.append(v)
+        self._overlaid = (seen, carry_trouble(self._overlaid[1] if self._overlaid else {}, seen))
+
     def set_response(self, status: dict[str, Any]) -> None:
         inc = status.get("incident")
         self._incident = (str(inc.get("engine")), str(inc.get("id"))) if isinstance(inc, dict) else None
@@ -168,14 +188,16 @@ class Exporter:
             return Answer(400, {"error": "engine= needs an engine id (vLLM's engine label: 0, 1, ...)"})
         last, mono = self._last, time.monotonic()
         verdicts, now, age = ([], 0.0, None) if last is None else (last[0], last[1] + mono - last[2], mono - last[2])
-        if verdicts and age is not None:  # a pass whose scrape stage keeps failing hands over old verdicts
-            age = max(age, now - max(v.t for v in verdicts))
-        if self.node_views:
-            verdicts = overlay(verdicts, self.node_views)
-        problem = own_problem(age, mono - self._born, self.probe_settings, self.state_problem())
+        trouble, overlaid = self._trouble, self._overlaid
+        if verdicts and overlaid is not None:  # [[nodes]]: states and trouble from the same overlaid verdicts
+            verdicts, trouble = overlaid
+        if verdicts and age is not None:  # a pass whose scrape stage keeps failing hands over old verdicts: the
+            age = max(age, now - min(v.t for v in verdicts))  # oldest one counts, so none hides behind another
+        ready_problem, live_problem = probe_problems(age, mono - self._born, self.probe_settings,
+                                                     self.state_problem() if kind == "readyz" else "")
         if kind == "readyz":
-            return readiness(verdicts, now, self._incident, problem, engine)
-        return liveness(verdicts, now, self._trouble, self._incident, problem, self.probe_settings.live_after,
+            return readiness(verdicts, now, self._incident, ready_problem, engine)
+        return liveness(verdicts, now, trouble, self._incident, live_problem, self.probe_settings.live_after,
                         engine)
 
 
@@ -196,6 +218,17 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 
 
 class _QuietHandler(WSGIRequestHandler):
+    """No access log; a connection that sends nothing for ``timeout`` seconds is dropped (an idle client must not
+    hold a thread and a socket for ever)."""
+
+    timeout = 10.0
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except TimeoutError:  # idle past the timeout: the server closes the connection, quietly
+            self.close_connection = True
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 

@@ -10,9 +10,10 @@ own health in; a status code and a short JSON-able body out. Times come in as da
 - **live** (``/livez``): 503 only when an engine has been frozen or down, without a break between the two, for
   longer than ``exporter.live_after``: the kubelet's restart is the last resort, after the watchdog's own evidence
   capture and restart had their chance; starting, blind and suspect never fail it;
-- **the watchdog's own health** fails both: no pass finished for ``stale_after`` seconds (its loop is stuck: its
-  verdicts say nothing about now), or its state directory cannot be used (events, incidents and the restart record
-  would be lost).
+- **the watchdog's own health**: no pass finished for ``stale_after`` seconds (its loop is stuck: its verdicts say
+  nothing about now) fails both; its state directory cannot be used (events, incidents and the restart record would
+  be lost) fails ``/readyz`` only: recreating the pod does not give a full disk room, and ``/livez`` may be wired to
+  the engine's container, so a full volume must not restart a healthy engine group again and again.
 
 The body: ``ready``/``live``, then the engine that decided (the first one not ready, or the first one asked about):
 ``engine``, ``state``, ``reason`` (cut to a few hundred characters), ``for_seconds``, ``incident`` (the open
@@ -57,6 +58,14 @@ def carry_trouble(before: Mapping[str, float], verdicts: Sequence[Verdict]) -> d
     return {v.engine: before.get(v.engine, v.since) for v in verdicts if v.state in TROUBLE}
 
 
+def probe_problems(last_pass_age: float | None, up_for: float, settings: ProbeSettings,
+                   state_problem: str = "") -> tuple[str, str]:
+    """(what fails ``/readyz``, what fails ``/livez``) of the watchdog's own health: a stuck loop fails both, a state
+    directory that cannot be used fails readiness only."""
+    stuck = own_problem(last_pass_age, up_for, settings)
+    return own_problem(last_pass_age, up_for, settings, state_problem), stuck
+
+
 def own_problem(last_pass_age: float | None, up_for: float, settings: ProbeSettings, state_problem: str = "") -> str:
     """What is wrong with the watchdog itself, or "". ``last_pass_age``: seconds since the last pass handed its
     verdicts over (None: none yet); ``up_for``: seconds since the service started."""
@@ -87,7 +96,8 @@ def readiness(verdicts: Sequence[Verdict], now: float, incident: tuple[str, str]
 
 def liveness(verdicts: Sequence[Verdict], now: float, trouble_since: Mapping[str, float],
              incident: tuple[str, str] | None, problem: str, live_after: float, engine: str | None = None) -> Answer:
-    """``/livez``: fails on the watchdog's own problem, or an engine frozen or down longer than ``live_after``."""
+    """``/livez``: fails on ``problem`` (the watchdog's stuck loop: `probe_problems`' second; never its state
+    directory), or an engine frozen or down longer than ``live_after``."""
     chosen = _chosen(verdicts, engine)
     if isinstance(chosen, Answer):  # nothing known yet: alive unless the watchdog itself is not
         return _with(chosen if chosen.code == 404 else Answer(200, chosen.body), "live", problem)

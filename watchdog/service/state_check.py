@@ -3,10 +3,16 @@ and looked at again at most every few seconds, whoever asks.
 
 Unusable: the directory is gone or not a directory, its filesystem is read-only, out of space or of inodes, or the
 last event could not be written (the event log's streak of failures). One ``statvfs`` and one ``stat`` a look.
+
+A failed event write counts only until the check's own test write succeeds: while the event log has failures no test
+write has answered for, each look also creates, writes and unlinks a small file in the directory; once that works the
+disk has room again and the streak is forgiven (a calm engine writes no event that could end it). A later failure
+counts again. So a brief disk-full clears within one look (``LOOK_EVERY``) of the disk having room.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -30,16 +36,42 @@ class StateDirCheck:
         self._lock = threading.Lock()
         self._looked = float("-inf")
         self._seen = ""
+        self._forgiven = 0  # the event log's failure count when a test write last succeeded
 
     def __call__(self) -> str:
         failures = self._event_failures()
-        if failures:
-            return f"{failures} event(s) in a row could not be written to {self.path}/events.jsonl"
         with self._lock:
+            if failures < self._forgiven or not failures:
+                self._forgiven = 0  # the streak ended (a write succeeded): nothing left to forgive
             now = self._clock()
             if now - self._looked >= LOOK_EVERY:
                 self._looked, self._seen = now, self._look()
-            return self._seen
+                if not self._seen and failures > self._forgiven:
+                    self._seen = self._test_write()
+                    if not self._seen:
+                        self._forgiven = failures
+            if self._seen:
+                return self._seen
+            if failures > self._forgiven:
+                return (f"{failures} event(s) in a row could not be written to {self.path}/events.jsonl "
+                        f"(cleared by the next event written or by a test write, tried every {LOOK_EVERY:g}s)")
+            return ""
+
+    def _test_write(self) -> str:
+        """Create, write and unlink a small file in the directory: "" when it worked, else why not."""
+        probe = self.path / f".state-check-{os.getpid()}"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"x" * 512)
+            finally:
+                os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+            return f"a test write in {self.path} failed: {e.strerror or e}"
+        return ""
 
     def _look(self) -> str:
         try:
