@@ -16,16 +16,19 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pickle
 import select
+import selectors
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -44,9 +47,10 @@ from watchdog.evidence.gpu.fr_dump import DumpError, load_dump
 from watchdog.evidence.gpu.fr_trigger import trigger
 from watchdog.evidence.gpu.ras_status import parse_ras
 from watchdog.evidence.stacks.parse import parse_any
+from watchdog.nodes import watch
 from watchdog.nodes.remote import RemoteEvidence, SshRunner
 from watchdog.nodes.transport import NodeError, NodeLink
-from watchdog.nodes.watch import LivenessStream
+from watchdog.nodes.watch import LivenessStream, Silent
 from watchdog.scrape.page import PageError, read_page
 
 NODE = ('[[nodes]]\nname = "worker1"\nhost = "10.0.0.2"\nidentity_file = "/k"\nknown_hosts_file = "/kh"\n'
@@ -175,6 +179,82 @@ def test_a_liveness_report_that_is_no_object_does_not_end_the_watch(
         assert stream._thread.is_alive()
     finally:
         stream.stop()
+
+
+@pytest.mark.parametrize("how", ["trickle", "stderr"])
+def test_a_trickle_that_makes_no_report_is_silence(hostile_node: tuple[Config, Path, NodeLink], tmp_path: Path,
+                                                   how: str) -> None:
+    """One report, then a byte every 1 ms that never makes a line (or steady stderr): no report for liveness_stale
+    (1.5 s), so the stream is ended and started again (before: the select never came back empty, the stream lived
+    for ever on a report growing old)."""
+    _, answers, link = hostile_node
+    count = tmp_path / "sessions"
+    # a byte every millisecond on stdout (a few KB: far under MAX_LINE), or three writers keeping stderr full
+    then = ("while True:\n    os.write(1, b'x')\n    time.sleep(0.001)\n" if how == "trickle" else
+            "os.execv('/bin/sh', ['sh', '-c', 'yes >&2 & yes >&2 & yes >&2 & wait'])\n")
+    (answers / "liveness.py").write_text(
+        "import json, os, time\n"
+        f"open({str(count)!r}, 'a').write('x')\n"
+        "print(json.dumps({'ok': True, 'ranks': []}), flush=True)\n" + then)
+    stream = LivenessStream(link).start()
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(count.read_text() if count.exists() else "") < 2:
+            time.sleep(0.1)
+        assert len(count.read_text()) >= 2, stream.error
+    finally:
+        stream.stop()
+
+
+class _NeverEmpty(selectors.DefaultSelector):
+    """A poll that waits until something is readable, however long: a stderr that never runs dry, as a chatty node's
+    can (the real poll comes back empty now and then only because a pipe drains for a moment)."""
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        while not (events := super().select(timeout)):
+            time.sleep(0.01)
+        return events
+
+
+def test_a_stream_whose_stderr_never_runs_dry_still_goes_silent(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """stderr always readable (`yes` feeding it, every poll with an event), one report on stdout and then nothing:
+    the silence is seen all the same (before: it was looked at only when a poll came back empty)."""
+    monkeypatch.setattr(watch, "selectors", types.SimpleNamespace(DefaultSelector=_NeverEmpty,
+                                                                  EVENT_READ=selectors.EVENT_READ))
+    section = load(_write(tmp_path, NODE)).nodes[0]
+    stream = LivenessStream(types.SimpleNamespace(node=section))  # type: ignore[arg-type]
+    r, w = os.pipe()
+    os.write(w, b'{"ok": true, "ranks": []}\n')
+    er, ew = os.pipe()
+    fcntl.fcntl(ew, 1031, 1 << 20)  # F_SETPIPE_SZ
+    yes = subprocess.Popen(["yes"], stdout=ew, start_new_session=True)
+    os.close(ew)
+    with open(r, "rb", buffering=0) as out, open(er, "rb", buffering=0) as flood:
+        proc = types.SimpleNamespace(stdout=out, stderr=flood)
+        got: list[object] = []
+
+        def read() -> None:
+            try:
+                got.extend(stream._lines(proc, bytearray()))  # type: ignore[arg-type]
+            except Exception as e:
+                got.append(e)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(15)
+        stream._stop.set()  # ends the old loop, should it still run
+        reader.join(5)
+        os.close(w)
+        yes.kill()
+        yes.wait()
+    assert len(got) == 2 and isinstance(got[1], Silent), got
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "silent.toml"
+    p.write_text(text)
+    return p
 
 
 def test_watchdog_nodes_reads_a_hostile_version_answer(hostile_node: tuple[Config, Path, NodeLink]) -> None:

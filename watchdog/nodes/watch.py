@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable, Iterator
 
 from watchdog.config.nodes import NodeSection
+from watchdog.host.run import end_group, signal_group
 from watchdog.nodes.liveness import NodeView, view
 from watchdog.nodes.protocol import ProtocolError, RankState, clean, load_json, ranks_from_report
-from watchdog.nodes.transport import NodeError, NodeLink
+from watchdog.nodes.transport import KILL_GRACE, NodeError, NodeLink
 
 log = logging.getLogger(__name__)
 MAX_LINE = 256 * 1024
@@ -96,9 +97,11 @@ class LivenessStream:
             sel.register(proc.stderr, selectors.EVENT_READ, "err")
             last = time.monotonic()
             while not self._stop.is_set() and any(k.data == "out" for k in sel.get_map().values()):
-                events = sel.select(min(0.5, max(0.0, last + silence - time.monotonic())))
-                if not events and time.monotonic() - last >= silence:
+                # checked every time round, not only when nothing came: a steady stderr, or a trickle of bytes that
+                # never makes a line, is no report either
+                if time.monotonic() - last >= silence:
                     raise Silent(f"no liveness report for {silence:g}s")
+                events = sel.select(min(0.5, max(0.0, last + silence - time.monotonic())))
                 for key, _ in events:
                     chunk = os.read(key.fd, 65536)
                     if not chunk:
@@ -131,9 +134,7 @@ class LivenessStream:
     def _end(self) -> None:
         p, self._proc = self._proc, None
         if p is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            end_group(p, KILL_GRACE)  # the stream's ssh leads a session of its own (`NodeLink.start`)
             for f in (p.stdout, p.stderr):
                 if f is not None:
                     f.close()
@@ -141,9 +142,8 @@ class LivenessStream:
     def stop(self) -> None:
         self._stop.set()
         p = self._proc
-        if p is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
+        if p is not None:  # wakes the thread reading it, which ends the group (`_end`)
+            signal_group(p.pid, signal.SIGKILL)
         self._thread.join(10)
 
 
