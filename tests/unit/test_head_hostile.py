@@ -279,6 +279,19 @@ def test_a_long_stderr_does_not_fail_a_call(hostile_node: tuple[Config, Path, No
     assert e.value.kind == "too_big" and f"answer (stdout) over {link.node.max_bytes} bytes" in e.value.message
 
 
+def test_watchdog_nodes_prints_the_nodes_strings_cleaned(hostile_node: tuple[Config, Path, NodeLink]) -> None:
+    """``ptrace`` and ``version`` come from the node: no terminal escape or newline of theirs reaches a problem line,
+    and their length is capped."""
+    cfg, answers, _ = hostile_node
+    (answers / "version").write_text(json.dumps({"ok": True, "time": 1.0, "ranks": [], "version": "9\x1b[2J\n" * 50,
+                                                 "ptrace_allowed": False, "ptrace": "\x1b]0;owned\x07\nno"}))
+    out = check_node(cfg.nodes[0], ssh=str(answers.parent / "ssh"))
+    assert len(out["problems"]) >= 2, out
+    for p in out["problems"]:
+        assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in p), p
+        assert len(p) < 200, p
+
+
 # ---------------------------------------------------------------- the liveness stream through the real sshd (6)
 
 CHATTY = ("import json, sys, time\n"

@@ -32,9 +32,9 @@ def check_node(node: NodeSection, ssh: str = "ssh") -> dict[str, Any]:
                    clock_offset=round(when - time.time(), 3) if isinstance(when, int | float) and not isinstance(
                        when, bool) and math.isfinite(when) else None)
         if not out["ptrace_allowed"]:
-            out["problems"].append(f"ptrace not allowed there: {v.get('ptrace')}")
+            out["problems"].append(f"ptrace not allowed there: {out['ptrace']}")
         if v.get("version") != __version__:
-            out["problems"].append(f"watchdog {v.get('version')} there, {__version__} here")
+            out["problems"].append(f"watchdog {clean(v.get('version'), 40)} there, {__version__} here")
         if not v.get("pyspy"):
             out["problems"].append("no py-spy there")
         ignored = v.get("ignored")
