@@ -399,11 +399,17 @@ def test_the_node_can_forbid_locals_and_native(node: SshNode, link: NodeLink) ->
     node.agent_config.write_text("allow_native = false\n" + original)  # allow_locals is off by default
     before = size(node.audit_log)
     try:
-        with started([*node.nsenter(), "bash", "-c", "exec -a VLLM::Worker_TP1 sleep 300"]):
-            time.sleep(0.5)
+        with started([*node.nsenter(), "bash", "-c", "exec -a VLLM::Worker_TP1 sleep 300"]) as engine:
+            titled(engine)
             a = link.call("stacks", {"rounds": 1, "gap": 0, "locals": True, "native": True}, timeout=60)
     finally:
         node.agent_config.write_text(original)
+    # py-spy really ran, on the engine's process, and without either option (not a pass for finding nothing)
+    cap = a["capture"]
+    assert [p["title"] for p in cap["processes"]] == ["VLLM::Worker_TP1"], cap
+    assert len(cap["rounds"]) == 1 and len(cap["rounds"][0]) == 1, cap
+    assert cap["options"]["native"] is False and cap["options"]["locals"] is False, cap["options"]
+    assert cap["options"]["native_pids"] == [], cap["options"]
     problems = a["capture"]["problems"]
     assert any("--locals is not allowed by this node's config" in p for p in problems), problems
     assert any("--native is not allowed" in p for p in problems)
