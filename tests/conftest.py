@@ -1,5 +1,6 @@
 """Fixtures shared by every test directory, and the order the suite runs in."""
 
+import contextlib
 import json
 import os
 import signal
@@ -68,3 +69,13 @@ def daemon_proc() -> Iterator[list[subprocess.Popen[str]]]:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
+
+
+@pytest.fixture
+def groups() -> Iterator[list[int]]:
+    """Process-group ids a test's commands wrote down; each group is killed at teardown by its own id."""
+    pgids: list[int] = []
+    yield pgids
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from watchdog.evidence.gpu.readings import GpuSample
 
@@ -157,3 +159,26 @@ class FakeGpuSource:
         if not self.rounds:
             return []
         return self.rounds[min(self.calls - 1, len(self.rounds) - 1)]
+
+
+def read_pids(path: Path) -> list[int]:
+    deadline = time.monotonic() + 10
+    while not path.exists() or not path.read_text().endswith("\n"):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.02)
+    return [int(x) for x in path.read_text().split()]
+
+
+def is_gone(pid: int, wait: float = 5.0) -> bool:
+    """True once the pid no longer exists (a zombie left for a slow init to reap counts as gone after ``wait``)."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True

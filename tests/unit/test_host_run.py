@@ -6,16 +6,15 @@ commands report, and the fixture kills each of those groups by its id at teardow
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.fakes import is_gone, read_pids
 from watchdog.host.run import KILL_GRACE, LocalRunner, communicate, exit_text, run
 
 # the command (a shell, its own group's leader) starts a grandchild that ignores SIGTERM; the grandchild, once its
@@ -24,38 +23,6 @@ from watchdog.host.run import KILL_GRACE, LocalRunner, communicate, exit_text, r
 # never ends it, only the SIGKILL after the grace does
 STUBBORN = ('trap "" TERM; (trap "" TERM; echo "$$ $(exec sh -c \'echo $PPID\')" > "$1.new"; mv "$1.new" "$1"; '
             'exec sleep 60) & while [ ! -s "$1" ]; do sleep 0.01; done; trap - TERM; wait')
-
-
-@pytest.fixture
-def groups() -> Iterator[list[int]]:
-    pgids: list[int] = []
-    yield pgids
-    for pgid in pgids:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-
-
-def read_pids(path: Path) -> list[int]:
-    deadline = time.monotonic() + 10
-    while not path.exists() or not path.read_text().endswith("\n"):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.02)
-    return [int(x) for x in path.read_text().split()]
-
-
-def is_gone(pid: int, wait: float = 5.0) -> bool:
-    """True once the pid no longer exists (a zombie left for a slow init to reap counts as gone after ``wait``)."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def test_exit_status_in_words() -> None:

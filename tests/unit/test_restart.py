@@ -3,18 +3,17 @@ and LocalRunner for real (exit codes, missing programs, timeouts that end the wh
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.facts import says
+from tests.fakes import is_gone, read_pids
 from watchdog.act.restart import Restarter
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.restart_plan import describe, docker_stop_time, plan
@@ -209,39 +208,6 @@ def test_a_node_without_a_runner_is_named() -> None:
 # --- LocalRunner (watchdog.host.run), for real
 
 
-@pytest.fixture
-def pids_to_end() -> Iterator[list[int]]:
-    """Process-group ids the test's commands wrote down; each group is killed at teardown by its own id."""
-    pgids: list[int] = []
-    yield pgids
-    for pgid in pgids:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-
-
-def read_pids(path: Path) -> list[int]:
-    deadline = time.monotonic() + 10
-    while not path.exists() or not path.read_text().endswith("\n"):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.02)
-    return [int(x) for x in path.read_text().split()]
-
-
-def is_gone(pid: int, wait: float = 5.0) -> bool:
-    """True once the pid no longer exists; a zombie left for a slow init to reap counts as gone after ``wait``."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def test_local_runner_true_and_exit_status() -> None:
     ok = LocalRunner()(["/bin/true"], 10)
     assert ok.ok and ok.rc == 0 and ok.error == "" and not ok.timed_out
@@ -271,12 +237,12 @@ def test_local_runner_output_tail_is_bounded() -> None:
     assert len(result.output) <= OUTPUT_TAIL_BYTES and result.output.endswith("a\nEND\n")
 
 
-def test_local_runner_timeout_ends_the_child_and_its_grandchildren(tmp_path: Path, pids_to_end: list[int]) -> None:
+def test_local_runner_timeout_ends_the_child_and_its_grandchildren(tmp_path: Path, groups: list[int]) -> None:
     pid_file = tmp_path / "pids"
     script = 'sleep 60 & echo "$$ $!" > "$1"; sleep 60'
     result = LocalRunner(kill_grace=2.0)(["/bin/sh", "-c", script, "sh", str(pid_file)], 1.0)
     child, grandchild = read_pids(pid_file)
-    pids_to_end.append(child)  # the group, should the runner have failed to end it
+    groups.append(child)  # the group, should the runner have failed to end it
     assert result.timed_out and result.rc is None and not result.ok
     assert says(result.error, "timed out", "1s")
     assert 0.9 <= result.duration < 10  # the timeout plus at most the grace, with room for a slow machine
@@ -284,14 +250,14 @@ def test_local_runner_timeout_ends_the_child_and_its_grandchildren(tmp_path: Pat
 
 
 def test_local_runner_does_not_wait_for_a_grandchild_holding_its_output(tmp_path: Path,
-                                                                       pids_to_end: list[int]) -> None:
+                                                                       groups: list[int]) -> None:
     pid_file = tmp_path / "pids"
     script = 'sleep 60 & echo "$$ $!" > "$1"; echo started'
     started = time.monotonic()
     result = LocalRunner()(["/bin/sh", "-c", script, "sh", str(pid_file)], 30)
     elapsed = time.monotonic() - started
     child, grandchild = read_pids(pid_file)
-    pids_to_end.append(child)  # the grandchild is still in the child's process group
+    groups.append(child)  # the grandchild is still in the child's process group
     assert result.ok and result.output == "started\n"
     assert elapsed < 20  # well below the grandchild's 60 s: run() did not wait for it
     os.kill(grandchild, 0)  # still running: a command that exited normally keeps what it started
