@@ -16,9 +16,11 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +112,19 @@ class Cgroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def nobodys_dir(prefix: str) -> Iterator[Path]:
+    """A directory of the engine's user (nobody) under /tmp, where that user can reach it (pytest's temp directory
+    is root's only); removed at the end."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    d.chmod(0o755)
+    os.chown(d, NOBODY_UID, NOBODY_UID)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def hex_id() -> str:

@@ -23,7 +23,6 @@ import os
 import select
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from tests.harness.hostile import (
     Cgroup,
     hex_id,
     leaf_pid,
+    nobodys_dir,
     records,
     run_agent,
     size,
@@ -53,13 +53,8 @@ SECRET = "SECRET-d41d8cd98f00b204"
 def logs() -> Iterator[Path]:
     """The engine's log directory, owned by the engine's user (nobody), where nobody can reach it (not under
     pytest's root-only temp directory)."""
-    d = Path(tempfile.mkdtemp(prefix="wdt-logs-", dir="/tmp"))
-    d.chmod(0o755)
-    os.chown(d, NOBODY_UID, NOBODY_UID)
-    try:
+    with nobodys_dir("wdt-logs-") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

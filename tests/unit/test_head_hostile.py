@@ -25,7 +25,6 @@ import selectors
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -34,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.hostile import NOBODY, NOBODY_UID, fake_ssh, started
+from tests.harness.hostile import NOBODY, fake_ssh, nobodys_dir, started
 from tests.harness.sshnode import SshNode, keygen
 from watchdog.cli.nodes import check_node
 from watchdog.config.load import Config, load
@@ -390,13 +389,8 @@ def test_a_hostile_pyspy_json_is_unreadable_not_a_crash() -> None:
 @pytest.fixture
 def engine_dir() -> Iterator[Path]:
     """The engine's own directory (its user's: nobody's), where its recorder's pipe and dumps are."""
-    d = Path(tempfile.mkdtemp(prefix="wdt-fr-", dir="/tmp"))
-    d.chmod(0o755)
-    os.chown(d, NOBODY_UID, NOBODY_UID)
-    try:
+    with nobodys_dir("wdt-fr-") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
