@@ -59,6 +59,15 @@ def test_ready_and_live_answer_json_with_the_deciding_engine() -> None:
     assert requests.get(f"{base}/readyz", params={"engine": "1"}, timeout=10).status_code == 503
     assert requests.get(f"{base}/livez", timeout=10).status_code == 200  # frozen, but not for 300 s
     assert "watchdog_engine_state" in requests.get(f"{base}/metrics", timeout=10).text  # the metrics as before
+    # restarted: its page says idle again, but no generation has proven it yet; the act stage's status says so
+    e.set_verdicts([Verdict("0", State.IDLE, "idle", 5.0, 12.0), Verdict("1", State.IDLE, "idle", 12.0, 12.0)],
+                   12.0)
+    e.set_response({"incident": {"id": "inc-1", "engine": "1", "phase": "proving"}, "paused": False,
+                    "budget_left": 2, "recovery": {"phase": "proving", "seconds": 1.0}})
+    r = requests.get(f"{base}/readyz", timeout=10)
+    assert r.status_code == 503 and r.json()["recovery"] == "proving" and r.json()["state"] == "idle"
+    e.set_response({"incident": None, "paused": False, "budget_left": 2})  # recovered and resolved
+    assert requests.get(f"{base}/readyz", timeout=10).status_code == 200
 
 
 def test_nonsense_gets_4xx_and_the_server_goes_on() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from watchdog.core.types import State, Verdict
 from watchdog.service.probes import (
+    OpenIncident,
     ProbeSettings,
     carry_trouble,
     liveness,
@@ -38,14 +39,28 @@ def test_ready_by_state(state: State, code: int) -> None:
 
 def test_one_engine_not_ready_makes_the_whole_not_ready_and_says_which() -> None:
     verdicts = [v(State.WORKING, "0"), v(State.FROZEN, "1", since=90.0, reason="no progress for 40s")]
-    a = readiness(verdicts, 100.0, ("1", "20261201T094757Z-vllm-engine1-frozen-2fdf"), "")
+    a = readiness(verdicts, 100.0, OpenIncident("1", "20261201T094757Z-vllm-engine1-frozen-2fdf"), "")
     assert a.code == 503
     assert a.body["engine"] == "1" and a.body["reason"] == "no progress for 40s" and a.body["for_seconds"] == 10.0
     assert a.body["incident"] == "20261201T094757Z-vllm-engine1-frozen-2fdf"
     assert a.body["engines"] == {"0": "working", "1": "frozen"}
-    one = readiness(verdicts, 100.0, ("1", "x"), "", engine="0")
+    one = readiness(verdicts, 100.0, OpenIncident("1", "x"), "", engine="0")
     assert one.code == 200 and one.body["engine"] == "0" and one.body["incident"] is None  # not this engine's
     assert "engines" not in one.body
+
+
+@pytest.mark.parametrize("phase", ["restarting", "proving"])
+def test_an_engine_being_restarted_is_not_ready_until_recovered_though_its_page_says_idle(phase: str) -> None:
+    # the restarted engine's metrics answer (idle) before the watchdog's first generation proved it serves: a load
+    # balancer must not send it traffic yet
+    verdicts = [v(State.IDLE, "0"), v(State.IDLE, "1", since=95.0)]
+    a = readiness(verdicts, 100.0, OpenIncident("1", "inc-7", phase), "")
+    assert a.code == 503 and a.body["engine"] == "1" and a.body["state"] == "idle"
+    assert a.body["recovery"] == phase and a.body["incident"] == "inc-7" and "first generation" in str(a.body["reason"])
+    assert readiness(verdicts, 100.0, OpenIncident("1", "inc-7", phase), "", engine="0").code == 200  # the other
+    for done in ("observing", "open"):  # not restarting it: the state alone decides
+        assert readiness(verdicts, 100.0, OpenIncident("1", "inc-7", done), "").code == 200
+    assert readiness(verdicts, 100.0, None, "").code == 200  # recovered: the incident is closed
 
 
 def test_an_engine_not_watched_is_404_and_no_verdict_yet_is_not_ready() -> None:
@@ -61,7 +76,7 @@ def test_live_fails_only_after_frozen_or_down_longer_than_the_setting() -> None:
     frozen = [v(State.FROZEN, since=50.0)]
     trouble = carry_trouble({}, frozen)
     assert liveness(frozen, 100.0, trouble, None, "", 300.0).code == 200
-    late = liveness(frozen, 351.0, trouble, ("0", "inc"), "", 300.0)
+    late = liveness(frozen, 351.0, trouble, OpenIncident("0", "inc"), "", 300.0)
     assert late.code == 503 and late.body["for_seconds"] == 301.0 and late.body["live_after"] == 300.0
     assert late.body["incident"] == "inc"
     for state in (State.STARTING, State.BLIND, State.SUSPECT, State.IDLE):  # never the kubelet's business

@@ -21,7 +21,15 @@ from prometheus_client.registry import Collector
 
 from watchdog.core.types import ProbeFinished, Scrape, State, Transition, Verdict
 from watchdog.evidence.gpu.readings import GpuSample
-from watchdog.service.probes import Answer, ProbeSettings, carry_trouble, liveness, probe_problems, readiness
+from watchdog.service.probes import (
+    Answer,
+    OpenIncident,
+    ProbeSettings,
+    carry_trouble,
+    liveness,
+    probe_problems,
+    readiness,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +42,7 @@ class Exporter:
         self.probe_settings = probes or ProbeSettings()
         self._last: tuple[list[Verdict], float, float] | None = None
         self._trouble: dict[str, float] = {}  # engine -> since when frozen or down without a break
-        self._incident: tuple[str, str] | None = None  # the open incident's (engine, id)
+        self._incident: OpenIncident | None = None
         self._born = time.monotonic()
         self.state_problem: Callable[[], str] = lambda: ""  # the state directory's health (service.state_check)
         # [[nodes]]: the verdicts with the other nodes' view laid over them (the daemon's respond step hands them
@@ -135,7 +143,8 @@ class Exporter:
 
     def set_response(self, status: dict[str, Any]) -> None:
         inc = status.get("incident")
-        self._incident = (str(inc.get("engine")), str(inc.get("id"))) if isinstance(inc, dict) else None
+        self._incident = (OpenIncident(str(inc.get("engine")), str(inc.get("id")), str(inc.get("phase", "open")))
+                          if isinstance(inc, dict) else None)
         rec = status.get("recovery") or {}
         shown = (status.get("paused"), status.get("budget_left"), status.get("gave_up"), bool(status.get("incident")),
                  rec.get("phase"), rec.get("seconds"))

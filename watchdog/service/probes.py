@@ -6,7 +6,9 @@ own health in; a status code and a short JSON-able body out. Times come in as da
   suspect (a suspicion is not yet a freeze: the stacks may still explain a long step, and taking a busy engine out on
   a 5 s silence would drain it for nothing); 503 for starting (no generation has proven it serves yet: readiness is
   a generation, never an open port), frozen, down and blind (the watchdog cannot see it: it never vouches for what it
-  cannot see), and before the first verdict;
+  cannot see), and before the first verdict; and while the engine's incident is restarting it or waiting for the
+  first generation after (``restarting``, ``proving``): an engine whose metrics answer again is not yet proven to
+  serve, so it comes back into rotation only once the watchdog has said ``recovered``;
 - **live** (``/livez``): 503 only when an engine has been frozen or down, without a break between the two, for
   longer than ``exporter.live_after``: the kubelet's restart is the last resort, after the watchdog's own evidence
   capture and restart had their chance; starting, blind and suspect never fail it;
@@ -25,12 +27,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from watchdog.core.types import State, Verdict
 
 READY = frozenset({State.IDLE, State.WORKING, State.SUSPECT})
 TROUBLE = frozenset({State.FROZEN, State.DOWN})  # what counts towards /livez
 REASON_MAX = 300
+RECOVERING = frozenset({"restarting", "proving"})  # incident phases in which the engine is not yet proven back
+
+
+class OpenIncident(NamedTuple):
+    """The open incident as the probes see it (from the act stage's status)."""
+
+    engine: str
+    id: str
+    phase: str = "open"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +92,9 @@ def own_problem(last_pass_age: float | None, up_for: float, settings: ProbeSetti
     return ""
 
 
-def readiness(verdicts: Sequence[Verdict], now: float, incident: tuple[str, str] | None, problem: str,
+def readiness(verdicts: Sequence[Verdict], now: float, incident: OpenIncident | None, problem: str,
               engine: str | None = None) -> Answer:
-    """``/readyz``: ``now`` is the verdicts' clock at the moment asked; ``incident`` the open one's (engine, id)."""
+    """``/readyz``: ``now`` is the verdicts' clock at the moment asked; ``incident`` the open one, if any."""
     chosen = _chosen(verdicts, engine)
     if isinstance(chosen, Answer):
         return _with(chosen, "ready", problem)
@@ -91,11 +103,19 @@ def readiness(verdicts: Sequence[Verdict], now: float, incident: tuple[str, str]
     bad = next((v for v in chosen if v.state not in READY), None)
     if bad is not None:
         return _body(503, "ready", False, bad, now, incident, problem, verdicts, engine)
+    back = next((v for v in chosen if incident is not None and incident.phase in RECOVERING
+                 and incident.engine == v.engine), None)
+    if back is not None and incident is not None:
+        answer = _body(503, "ready", False, back, now, incident, problem, verdicts, engine)
+        answer.body["reason"] = (f"the watchdog is {incident.phase} it (incident {incident.id}): ready again after "
+                                 "its first generation")[:REASON_MAX]
+        answer.body["recovery"] = incident.phase
+        return answer
     return _body(200, "ready", True, chosen[0], now, incident, problem, verdicts, engine)
 
 
 def liveness(verdicts: Sequence[Verdict], now: float, trouble_since: Mapping[str, float],
-             incident: tuple[str, str] | None, problem: str, live_after: float, engine: str | None = None) -> Answer:
+             incident: OpenIncident | None, problem: str, live_after: float, engine: str | None = None) -> Answer:
     """``/livez``: fails on ``problem`` (the watchdog's stuck loop: `probe_problems`' second; never its state
     directory), or an engine frozen or down longer than ``live_after``."""
     chosen = _chosen(verdicts, engine)
@@ -130,13 +150,13 @@ def _with(answer: Answer, key: str, problem: str) -> Answer:
     return Answer(code, {key: code == 200, **answer.body, "watchdog": problem or "ok"})
 
 
-def _body(code: int, key: str, good: bool, v: Verdict, now: float, incident: tuple[str, str] | None, problem: str,
+def _body(code: int, key: str, good: bool, v: Verdict, now: float, incident: OpenIncident | None, problem: str,
           verdicts: Sequence[Verdict], engine: str | None, began: float | None = None) -> Answer:
     reason = v.reason if len(v.reason) <= REASON_MAX else v.reason[: REASON_MAX - 3] + "..."
     body: dict[str, object] = {
         key: good, "engine": v.engine, "state": v.state.value, "reason": reason,
         "for_seconds": round(max(0.0, now - (v.since if began is None else began)), 1),
-        "incident": incident[1] if incident is not None and incident[0] == v.engine else None,
+        "incident": incident.id if incident is not None and incident.engine == v.engine else None,
         "watchdog": problem or "ok",
     }
     if engine is None and len(verdicts) > 1:
