@@ -20,6 +20,7 @@ PURE = (
     "watchdog.core.types",
     "watchdog.core.processes",
     "watchdog.core.roles",
+    "watchdog.core.runbooks",
     "watchdog.scrape.page",
     "watchdog.judge.judge",
     "watchdog.judge.track",
