@@ -118,7 +118,8 @@ def test_events_arrive_in_order_with_documented_payloads(receiver, dispatcher) -
     for b, a in zip(bodies, alerts, strict=True):
         assert b == {"version": 1, "event": a.event, "incident_id": "inc-1", "engine": "0", "stack": "qwen",
                      "url": "http://127.0.0.1:8000", "state": "frozen", "summary": a.summary,
-                     "details": DETAILS.get(a.event, {}), "time": b["time"], "resolved": a.event == "resolved"}
+                     "details": DETAILS.get(a.event, {}), "time": b["time"], "resolved": a.event == "resolved",
+                     "runbook": ""}
         assert ISO.match(b["time"])
     assert bodies[0]["time"] == "2023-11-14T22:13:20.000Z"
     for path, headers, raw in hook.received:

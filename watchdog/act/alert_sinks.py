@@ -57,6 +57,7 @@ class Alert:
     details: Mapping[str, object] = field(default_factory=dict)
     time: float = field(default_factory=time.time)  # wall clock
     resolved: bool = False
+    runbook: str = ""  # where the page for this cause is read (core/runbooks.runbook_link), "" for none
 
     def __post_init__(self) -> None:
         if self.event not in EVENTS:
@@ -128,7 +129,8 @@ class WebhookSink(_HttpSink):
     def body(self, alert: Alert) -> bytes:
         return _json({"version": 1, "event": alert.event, "incident_id": alert.incident_id, "engine": alert.engine,
                       "stack": alert.stack, "url": alert.url, "state": alert.state, "summary": alert.summary,
-                      "details": dict(alert.details), "time": iso(alert.time), "resolved": alert.resolved})
+                      "details": dict(alert.details), "time": iso(alert.time), "resolved": alert.resolved,
+                      "runbook": alert.runbook})
 
     def headers(self, body: bytes) -> dict[str, str]:
         if not self._secret:
@@ -142,7 +144,8 @@ def headline(alert: Alert) -> str:
 
 
 def _facts(alert: Alert) -> list[str]:
-    return [f"{k}={v}" for k, v in alert.details.items() if v not in (None, "")]
+    facts = [f"{k}={v}" for k, v in alert.details.items() if v not in (None, "")]
+    return [*facts, f"runbook={alert.runbook}"] if alert.runbook else facts
 
 
 class SlackSink(_HttpSink):
@@ -185,6 +188,8 @@ class AlertmanagerSink(_HttpSink):
                        "description": "; ".join([f"{alert.event}: {alert.summary}", *_facts(alert)])}
         if alert.details.get("bundle"):
             annotations["bundle"] = str(alert.details["bundle"])
+        if alert.runbook:
+            annotations["runbook_url"] = alert.runbook  # the annotation name Prometheus' own rules use
         am: dict[str, Any] = {"labels": {k: v for k, v in labels.items() if v}, "annotations": annotations,
                               "startsAt": iso(alert.time), "generatorURL": alert.url}
         if alert.resolved or self.firing_ttl:

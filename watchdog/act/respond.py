@@ -32,6 +32,7 @@ from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
 from watchdog.act.restart import RestartOutcome
 from watchdog.act.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
 from watchdog.config.load import Config
+from watchdog.core.runbooks import Runbook, runbook_link
 from watchdog.core.types import State, Verdict, base_url, calm, incident_id
 
 log = logging.getLogger(__name__)
@@ -318,7 +319,7 @@ class Responder:
         self.event({"event": name, "incident": inc.id, "engine": inc.engine, "kind": inc.kind, **fields})
 
     def _alert(self, inc: Incident, event: str, summary: str, details: dict[str, Any],
-               resolved: bool = False, state: str | None = None) -> None:
+               resolved: bool = False, state: str | None = None, runbook: Runbook | None = None) -> None:
         if self.control.is_paused(self.wall()):
             self._event(inc, "alert_suppressed", alert=event, why="paused")
             return
@@ -326,7 +327,8 @@ class Responder:
             v = self._verdicts.get(inc.engine)
             state = "serving" if resolved else inc.phase if inc.phase in ACTIVE else v.state.value if v else "unknown"
         self.alerts.submit(Alert(event, inc.id, inc.engine, self.cfg.engine.name, base_url(self.cfg.engine.url),
-                                 state, summary, details, self.wall(), resolved))
+                                 state, summary, details, self.wall(), resolved,
+                                 "" if runbook is None else runbook_link(runbook, self.cfg.alerts.runbook_base)))
 
     def status(self, now: float) -> dict[str, Any]:
         inc, progress = self.memory.incident, self.recovery.progress

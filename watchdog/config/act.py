@@ -72,7 +72,7 @@ class AlertsSection:
     heartbeat_url_env: str = ""
     heartbeat_url_file: str = ""
     heartbeat_interval: float = 60.0
-
+    runbook_base: str = ""  # where the runbooks are published (a URL or directory); "" names runbooks/<page>.md
 
 
 def check_restart(r: RestartSection, nodes: tuple[str, ...] = NODES) -> None:
