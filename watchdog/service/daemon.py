@@ -255,6 +255,7 @@ class Daemon:
             self._gpu_seen = max(s.t for s in fresh)
 
     def _event(self, record: dict[str, object]) -> None:
+        self.exporter.observe_record(record)
         if (err := self.events.write(record)) is not None:
             self.exporter.write_errors.labels("events.jsonl").inc()
             if self.events.failures == 1 and "events" not in self._faults_alerted and self.act is not None:

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -76,6 +76,11 @@ class Exporter:
                                    ["stage"], registry=r)
         self.write_errors = Counter("watchdog_write_errors", "Writes to the state directory that failed (disk full?)",
                                     ["file"], registry=r)
+        # durations, from the events that carry them: a stacks capture (a check or a freeze's bundle) and a recovery
+        self.capture_seconds = Histogram("watchdog_capture_seconds", "Seconds the stacks capture behind a check or "
+                                         "a bundle took", ["event"], buckets=_CAPTURE_BUCKETS, registry=r)
+        self.downtime = Histogram("watchdog_recovery_downtime_seconds", "Seconds from the incident to serving again, "
+                                  "per recovery", buckets=_DOWNTIME_BUCKETS, registry=r)
         self.gpu_util = Gauge("watchdog_gpu_utilization_percent", "NVML utilisation of each GPU", ["gpu"], registry=r)
         self.gpu_power = Gauge("watchdog_gpu_power_watts", "NVML power draw of each GPU", ["gpu"], registry=r)
         self.gpu_clock = Gauge("watchdog_gpu_sm_clock_mhz", "NVML SM clock of each GPU", ["gpu"], registry=r)
@@ -166,6 +171,18 @@ class Exporter:
     def observe_event(self, name: str) -> None:
         self.actions.labels(name).inc()
 
+    def observe_record(self, record: dict[str, object]) -> None:
+        """The durations an event carries (an evidence event's ``capture_seconds``, a recovery's ``downtime``)."""
+        event = record.get("event")
+        value = record.get("capture_seconds") if event in ("evidence_checked", "evidence_captured") else (
+            record.get("downtime") if event == "recovered" else None)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+            return
+        if event == "recovered":
+            self.downtime.observe(float(value))
+        else:
+            self.capture_seconds.labels(str(event)).observe(float(value))
+
 
     # -- HTTP: /metrics, /readyz, /livez; anything else 404, any method but GET or HEAD 405 ----------------------
 
@@ -211,6 +228,8 @@ class Exporter:
 
 
 _PATHS = ("/", "/metrics", "/metrics/", "/readyz", "/livez")
+_CAPTURE_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
+_DOWNTIME_BUCKETS = (15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
 
 def _reply(start_response: Callable[..., Any], code: int, body: dict[str, object], method: str,

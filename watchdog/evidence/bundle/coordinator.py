@@ -94,8 +94,9 @@ class EvidenceCoordinator:
         bundle = str(done.bundle) if done.bundle else None
         if not job.bundle:
             obs = StackEvidence(now, engine, f.decision, f.reason, captured_at=done.started)
-            return Outcome({"event": "evidence_checked", "engine": engine, **summary}, obs,
+            return Outcome({"event": "evidence_checked", "engine": engine, **summary,
+                            "capture_seconds": round(done.evidence.seconds, 3)}, obs,
                            ForIncident(engine, f.decision, None, details, False))
         event = {"event": "evidence_captured", "engine": engine, "bundle": bundle, "error": done.error or None,
-                 **ids, **summary}
+                 **ids, **summary, "capture_seconds": round(done.evidence.seconds, 3)}
         return Outcome(event, None, ForIncident(engine, f.decision, bundle, details, True))
