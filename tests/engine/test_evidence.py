@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.harness.faults import frozen
-from tests.harness.load import BackgroundRequest, LoadGenerator, long_prompt
+from tests.harness.load import BackgroundRequest, LoadGenerator, calibrated_tokens, long_prompt
 from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
 
@@ -121,16 +121,18 @@ def test_daemon_writes_exactly_one_complete_bundle_on_a_freeze(
 
 def test_giant_prefill_step_is_suspected_then_cleared_by_the_stacks(
         vllm: Callable[..., VllmServer], slow_model: Path, watch: Watch) -> None:
-    """One prefill chunk of ~12k tokens keeps the page silent for longer than the suspicion delay."""
+    """One prefill chunk keeps the page silent for longer than the suspicion delay: sized to last about 16 s (one
+    step) by timing a shorter prefill on this server first."""
     server = vllm(slow_model, max_model_len=16384, max_num_batched_tokens=16384)
+    tokens = calibrated_tokens(server.url, server.model_name, 16.0, most=16384 - 16, probe=2048)
     w = watch(server.url, suspect=3.0, window=120.0, probe=1.0, extra="[capture]\ngap = 2.0\n")
     w.wait_for_state("idle", 60)
     t0 = time.monotonic()
-    req = BackgroundRequest(server.url, server.model_name, long_prompt(12000), max_tokens=1, timeout=600)
+    req = BackgroundRequest(server.url, server.model_name, long_prompt(tokens), max_tokens=1, timeout=600)
     result = req.result(timeout=600)
     took = time.monotonic() - t0
     assert result.ok, result
-    assert took > 3.0 + 5, f"the step took only {took:.1f}s"
+    assert took > 3.0 + 5, f"the step of {tokens} tokens took only {took:.1f}s"
     first = w.wait_event("evidence_checked", 30)  # the suspicion during the step, decided by the stacks
     assert first["decision"] == "working", first
     states = w.states()

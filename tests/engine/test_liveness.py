@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.harness.faults import frozen, kill
-from tests.harness.load import BackgroundRequest, LoadGenerator, long_prompt
+from tests.harness.load import BackgroundRequest, LoadGenerator, calibrated_tokens, long_prompt
 from tests.harness.metrics import sample_sums
 from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
@@ -89,16 +89,18 @@ def test_idle_engine_is_idle_and_probes_succeed(
 def test_long_prefill_longer_than_the_window_is_never_frozen(
     vllm: Callable[..., VllmServer], slow_model: Path, watch: Watch
 ) -> None:
-    """Chunked prefill: every counter flat for well over the window, only KV usage moves. The window here is 8 s."""
+    """Chunked prefill: every counter flat for well over the window, only KV usage moves. The window here is 8 s; the
+    prompt is sized to last about 20 s by timing a shorter one on this server first."""
     server = vllm(slow_model, max_model_len=8192, max_num_batched_tokens=128)
+    tokens = calibrated_tokens(server.url, server.model_name, 20.0, most=8192 - 16)
     w = watch(server.url, extra=METRICS_ONLY, suspect=4.0, window=8.0, probe=60.0)
     w.wait_for_state("idle", 60)
     t0 = time.monotonic()
-    req = BackgroundRequest(server.url, server.model_name, long_prompt(7800), max_tokens=1, timeout=300)
+    req = BackgroundRequest(server.url, server.model_name, long_prompt(tokens), max_tokens=1, timeout=300)
     result = req.result(timeout=300)
     took = time.monotonic() - t0
     assert result.ok, result
-    assert took > 8.0 * 1.5, f"the prefill took only {took:.1f}s: not longer than the window"
+    assert took > 8.0 * 1.5, f"the prefill of {tokens} tokens took only {took:.1f}s: not longer than the window"
     assert "working" in w.states()
     assert "frozen" not in w.states() and "suspect" not in w.states(), w.events()
 

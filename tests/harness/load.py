@@ -26,6 +26,25 @@ def long_prompt(n_tokens: int, seed: int = 0) -> str:
     return "".join(rng.choice("0123456789") for _ in range(n_tokens - 1))
 
 
+def calibrated_tokens(url: str, model: str, seconds: float, most: int, probe: int = 1024) -> int:
+    """How many prompt tokens this server prefills in about ``seconds`` (at most ``most``), measured here: machines
+    differ about 5x (bf16 native or emulated), so a long step is sized by timing a prefill of ``probe`` tokens on the
+    server at hand, never by a fixed length. Attention makes longer prompts slower per token, so the estimate errs
+    long. Raises if even ``most`` tokens cannot last ``seconds``/2: the scenario cannot be built on this machine."""
+    warm = post_completion(url, model, long_prompt(16, seed=7), max_tokens=1, timeout=120)
+    if not warm.ok:
+        raise RuntimeError(f"calibration: the warm-up request failed: {warm.error}")
+    timed = post_completion(url, model, long_prompt(probe, seed=8), max_tokens=1, timeout=600)
+    if not timed.ok:
+        raise RuntimeError(f"calibration: the {probe}-token request failed: {timed.error}")
+    rate = probe / max(timed.elapsed, 1e-3)
+    wanted = int(seconds * rate)
+    if wanted > most and most / rate < seconds / 2:
+        raise RuntimeError(f"calibration: this machine prefills {rate:.0f} tokens/s; {most} tokens last about "
+                           f"{most / rate:.1f}s, not the {seconds:g}s the scenario needs")
+    return max(probe, min(wanted, most))
+
+
 @dataclass
 class Result:
     """Outcome of one completion request."""
