@@ -247,10 +247,14 @@ def _ended(signum: int, frame: FrameType | None) -> None:
     raise Ended(f"ended by {signal.Signals(signum).name}")
 
 
-def serve(cfg: AgentConfig, command: str | None, stdin: int = 0, out: IO[str] | None = None) -> int:
+def serve(cfg: AgentConfig, command: str | None, stdin: int = 0, out: IO[str] | None = None,
+          audit_problem: str = "") -> int:
     """One session: the verb, its request, its answer; every outcome in the audit log. The exit status: 0 done,
-    2 refused, 70 the agent failed (said in the answer, never a traceback instead of one)."""
+    2 refused, 70 the agent failed (said in the answer, never a traceback instead of one). ``audit_problem``: why
+    the audit log file cannot be written; every answer then carries it (``audit_problem``), so the head says so
+    (`watchdog nodes`) rather than the records going to stderr only."""
     out = out if out is not None else sys.stdout
+    said = {"audit_problem": audit_problem} if audit_problem else {}
     started = time.monotonic()
     audit.record(log, "session", command=command if command is None else command[:1000])
     verb = ""
@@ -264,7 +268,7 @@ def serve(cfg: AgentConfig, command: str | None, stdin: int = 0, out: IO[str] | 
     except (ProtocolError, Refused) as e:
         audit.record(log, "refused", logging.WARNING, verb=verb or None, reason=str(e),
                      seconds=round(time.monotonic() - started, 3))
-        _answer(out, {"ok": False, "error": str(e)})
+        _answer(out, {"ok": False, "error": str(e), **said})
         return 2
     except (BrokenPipeError, Ended) as e:  # the head ended a liveness stream; sshd or an operator ended us
         _quiet(out)
@@ -274,9 +278,9 @@ def serve(cfg: AgentConfig, command: str | None, stdin: int = 0, out: IO[str] | 
     except Exception as e:  # the agent's own failure: one JSON answer still, and the record says what
         audit.record(log, "failed", logging.ERROR, verb=verb or None, reason=f"{type(e).__name__}: {e}"[:1000],
                      seconds=round(time.monotonic() - started, 3))
-        _answer(out, {"ok": False, "error": f"the agent failed: {type(e).__name__}: {str(e)[:300]}"})
+        _answer(out, {"ok": False, "error": f"the agent failed: {type(e).__name__}: {str(e)[:300]}", **said})
         return 70
-    _answer(out, {"ok": True, **answer})
+    _answer(out, {"ok": True, **answer, **said})
     return 0
 
 
@@ -298,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         audit.record(log, "audit log unusable", logging.ERROR, reason=problem)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _ended)
-    return serve(cfg, command)
+    return serve(cfg, command, audit_problem=problem)
 
 
 if __name__ == "__main__":

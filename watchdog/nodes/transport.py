@@ -21,7 +21,7 @@ from typing import Any
 from watchdog.config.nodes import NodeSection
 from watchdog.host.childenv import child_env
 from watchdog.host.run import communicate, end_group
-from watchdog.nodes.protocol import ProtocolError, parse_answer
+from watchdog.nodes.protocol import ProtocolError, clean, parse_answer
 
 KILL_GRACE = 1.0  # seconds from SIGTERM to SIGKILL for an ssh process we end
 MAX_STDERR = 64 * 1024
@@ -30,9 +30,10 @@ MAX_STDERR = 64 * 1024
 class NodeError(Exception):
     """A call to a node failed; ``kind``: unreachable, host_key, auth, refused, timeout, too_big, agent."""
 
-    def __init__(self, node: str, kind: str, message: str) -> None:
+    def __init__(self, node: str, kind: str, message: str, detail: str = "") -> None:
         super().__init__(f"node {node}: {message}")
         self.node, self.kind, self.message = node, kind, message
+        self.detail = detail  # the call's stderr tail when the answer was not the agent's (a wrong forced command)
 
 
 def classify_ssh(stderr: str) -> tuple[str, str]:
@@ -156,4 +157,4 @@ class NodeLink:
             return parse_answer(out.splitlines()[-1] if out else b"")
         except ProtocolError as e:
             kind = "refused" if out and b'"ok": false' in raw.stdout else "agent"
-            raise NodeError(name, kind, f"{verb}: {e}") from None
+            raise NodeError(name, kind, f"{verb}: {e}", clean(raw.stderr.decode(errors="replace")[-300:])) from None
