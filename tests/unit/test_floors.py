@@ -4,7 +4,7 @@
 
 and inside evidence: stacks < explain < gpu < collect < bundle. Every import counts (top level and inside
 functions, `typing.TYPE_CHECKING` blocks too): an import that runs back up a floor is how the tree stops showing the
-pipeline. The README's "Layout" section draws the same order.
+pipeline. The "Layout" section of docs/design.md draws the same order.
 """
 
 from __future__ import annotations
