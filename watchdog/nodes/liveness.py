@@ -1,7 +1,7 @@
 """What the nodes' liveness reports mean for the stack. Pure: reports and times in, a view per node out.
 
 - a rank ``gone`` or ``zombie`` on any node: ``rank_lost``, naming rank and node, at once (vLLM's engine cannot go on
-  without it: see README "Two nodes");
+  without it: see docs/design.md "Two nodes: how it works");
 - a rank ``stopped``: ``rank_stopped`` (said; the freeze itself is the judge's and the stacks' to decide);
 - no report for ``stale`` seconds, or the node cannot be reached: ``blind`` for that node, never healthy;
 - reports with no engine rank at all: ``no_ranks`` (the engine is not running there);
