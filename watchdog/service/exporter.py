@@ -70,6 +70,9 @@ class Exporter:
                                 "Seconds into the recovery in progress, by phase (restarting, proving); 0 when none",
                                 ["phase"], registry=r)
         self.incident_open = Gauge("watchdog_incident_open", "1 while an incident is open", registry=r)
+        self.blind = Gauge("watchdog_blind_seconds", "Seconds the watchdog has not seen it (what: page, or node:NAME); "
+                           "0 once seen again (a blind incident opens at alerts.blind_after)", ["what"], registry=r)
+        self._blind_shown: set[str] = set()
         self.actions = Counter("watchdog_incident_events", "Incident events (restart_started, recovered, ...)",
                                ["event"], registry=r)
         self.pass_errors = Counter("watchdog_pass_errors", "Stages of a pass that failed (the watch went on)",
@@ -81,6 +84,11 @@ class Exporter:
                                          "a bundle took", ["event"], buckets=_CAPTURE_BUCKETS, registry=r)
         self.downtime = Histogram("watchdog_recovery_downtime_seconds", "Seconds from the incident to serving again, "
                                   "per recovery", buckets=_DOWNTIME_BUCKETS, registry=r)
+        # shown at 0 from the start, so the first of each counts in increase() and rate() (a series born at 1 does not)
+        for name in _EVENTS_SHOWN:
+            self.actions.labels(name)
+        for name in ("evidence_checked", "evidence_captured"):
+            self.capture_seconds.labels(name)
         self.gpu_util = Gauge("watchdog_gpu_utilization_percent", "NVML utilisation of each GPU", ["gpu"], registry=r)
         self.gpu_power = Gauge("watchdog_gpu_power_watts", "NVML power draw of each GPU", ["gpu"], registry=r)
         self.gpu_clock = Gauge("watchdog_gpu_sm_clock_mhz", "NVML SM clock of each GPU", ["gpu"], registry=r)
@@ -147,6 +155,11 @@ class Exporter:
         self._overlaid = (seen, carry_trouble(self._overlaid[1] if self._overlaid else {}, seen))
 
     def set_response(self, status: dict[str, Any]) -> None:
+        unseen = {str(b["what"]): float(b["seconds"]) for b in status.get("blind") or ()}
+        if unseen or self._blind_shown:  # what the watchdog cannot see, and for how long; 0 once seen again
+            for what in self._blind_shown | unseen.keys():
+                self.blind.labels(what).set(unseen.get(what, 0.0))
+            self._blind_shown = set(unseen)
         inc = status.get("incident")
         self._incident = (OpenIncident(str(inc.get("engine")), str(inc.get("id")), str(inc.get("phase", "open")))
                           if isinstance(inc, dict) else None)
@@ -228,6 +241,7 @@ class Exporter:
 
 
 _PATHS = ("/", "/metrics", "/metrics/", "/readyz", "/livez")
+_EVENTS_SHOWN = ("incident_opened", "restart_started", "recovered", "restart_failed", "gave_up", "resolved")
 _CAPTURE_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 _DOWNTIME_BUCKETS = (15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
