@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import secrets
+import socket
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from watchdog import __version__
 from watchdog.config.load import Config
 from watchdog.core.types import incident_id
 from watchdog.evidence.bundle.investigate import Investigator
 from watchdog.evidence.bundle.per_node import node_lines, per_node
-from watchdog.evidence.bundle.write import BundleError, list_bundles
+from watchdog.evidence.bundle.upstream import BundleFiles, Redaction, render
+from watchdog.evidence.bundle.write import PARTIAL, BundleError, list_bundles
 from watchdog.evidence.explain.ranks import ProcessExplanation, classify, cross_rank, poll_parking
 from watchdog.evidence.gpu.nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.stacks.parse import Frame, StackParseError, parse_any
@@ -147,6 +152,8 @@ def cmd_incidents(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_show(cfg: Config, args: argparse.Namespace) -> int:
+    if getattr(args, "upstream", False):
+        return show_upstream(cfg, args)
     for m in list_bundles(Path(cfg.state.dir) / "incidents"):
         if m["id"] == args.id or m["id"].startswith(args.id):
             print((Path(m["path"]) / "summary.md").read_text(), end="")
@@ -174,3 +181,117 @@ def cmd_report(cfg: Config, args: argparse.Namespace) -> int:
     for role, n in culprits.most_common():
         print(f"  culprit {role:20} {n}")
     return 0
+
+
+# -- `watchdog show ID --upstream`: the files of one bundle (and its state directory) for upstream.render --------
+
+READ_CAP = 8 * 1024 * 1024  # the most read of one bundle file: a bundle is ours, but may have been copied in
+_DUMP = re.compile(r"round(\d+)-(\d+)-(.*)\.json$")
+
+
+def _find_bundle(root: Path, wanted: str) -> tuple[Path | None, str]:
+    """A bundle directory by id, id prefix or path; (None, why) when there is none. A partial one (a crash while it
+    was written) is taken only when no complete one matches, and said so."""
+    given = Path(wanted)
+    if given.is_dir() and ((given / "manifest.json").exists() or (given / "dumps").is_dir()):
+        return given, ""
+    names = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+    for complete in (True, False):
+        for name in names:
+            bare = name.removeprefix(PARTIAL)
+            if (name == bare) == complete and (bare == wanted or bare.startswith(wanted)):
+                return root / name, "" if complete else "this bundle was never completed (the watchdog stopped " \
+                    "while writing it): only what it holds so far"
+    return None, f"no incident {wanted!r} under {root}"
+
+
+def _read(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f.read(READ_CAP).decode("utf-8", "replace")
+
+
+def _jsonl(paths: list[Path], keep: str = "") -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if keep and keep not in line:
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(rec, dict):
+                        out.append(rec)
+        except OSError:
+            continue
+    return out
+
+
+def read_bundle(bundle: Path, state_dir: Path, cfg: Config) -> BundleFiles:
+    """Everything `upstream.render` reads: the manifest, the last round's dumps, the page, the events and the page
+    trace of the state directory. What cannot be read is said (``unread``), never raised."""
+    unread: list[str] = []
+    manifest: dict[str, Any] | None = None
+    try:
+        raw = json.loads(_read(bundle / "manifest.json"))
+        manifest = raw if isinstance(raw, dict) else None
+        if manifest is None:
+            unread.append("manifest.json is not a JSON object")
+    except OSError as e:
+        unread.append(f"manifest.json cannot be read ({e.strerror or e})")
+    except ValueError as e:
+        unread.append(f"manifest.json is not valid JSON ({e})")
+    latest: dict[int, tuple[int, Path, str]] = {}
+    for path in sorted((bundle / "dumps").glob("round*.json")) if (bundle / "dumps").is_dir() else []:
+        if m := _DUMP.match(path.name):
+            rnd, pid, title = int(m.group(1)), int(m.group(2)), m.group(3)
+            if pid not in latest or latest[pid][0] < rnd:
+                latest[pid] = (rnd, path, re.sub(r"^(VLLM|sglang|ray)-", r"\1::", title))
+    dumps = []
+    for pid, (_, path, title) in sorted(latest.items()):
+        try:
+            dumps.append((pid, "" if title == "process" else title, _read(path)))
+        except OSError as e:
+            unread.append(f"dumps/{path.name} cannot be read ({e.strerror or e})")
+    if not latest:
+        unread.append("the bundle holds no stack dumps (dumps/ is missing or empty)")
+    page = ""
+    if (bundle / "metrics.txt").is_file():
+        try:
+            page = _read(bundle / "metrics.txt")
+        except OSError as e:
+            unread.append(f"metrics.txt cannot be read ({e.strerror or e})")
+    events = _jsonl([state_dir / "events.jsonl"])
+    scrapes = _jsonl([state_dir / "trace.jsonl.1", state_dir / "trace.jsonl"], keep='"scrape"')
+    return BundleFiles(bundle.name.removeprefix(PARTIAL), manifest, tuple(unread), tuple(dumps), page,
+                       tuple(events), tuple(r for r in scrapes if r.get("kind") == "scrape"),
+                       cfg.judge.suspect_after)
+
+
+def _hosts(cfg: Config) -> tuple[str, ...]:
+    """Host names to take out of a report besides IP literals and URL hosts: the engine's, the nodes', ours. A name
+    that is also a [[nodes]] name is the operator's label and stays."""
+    labels = {n.name for n in cfg.nodes}
+    names = [urlsplit(cfg.engine.url).hostname or "", socket.gethostname(), *(n.host for n in cfg.nodes)]
+    return tuple(h for h in names if h and h not in labels and ("." in h or "-" in h or len(h) >= 6
+                                                                 or any(c.isdigit() for c in h)))
+
+
+def show_upstream(cfg: Config, args: argparse.Namespace) -> int:
+    state_dir = Path(cfg.state.dir)
+    bundle, why = _find_bundle(state_dir / "incidents", args.id)
+    if bundle is None:
+        print(f"watchdog: {why}", file=sys.stderr)
+        return EXIT_NOTHING
+    if bundle.parent.name == "incidents" and bundle.parent.parent != state_dir:
+        state_dir = bundle.parent.parent  # a bundle given by path: its own state directory's events
+    files = read_bundle(bundle, state_dir, cfg)
+    if why:
+        files = BundleFiles(files.id, files.manifest, (why, *files.unread), files.dumps, files.metrics_page,
+                            files.events, files.scrapes, files.suspect_after)
+    print(render(files, Redaction(_hosts(cfg), args.keep_addresses), __version__), end="")
+    for line in files.unread:
+        print(f"watchdog: {bundle.name}: {line}", file=sys.stderr)
+    return EXIT_COMPLETE if files.manifest is not None and files.dumps and not why else EXIT_INCOMPLETE

@@ -82,8 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     common(inc, url=False, state_dir=True, as_json=True)
     inc.set_defaults(func=lambda a: triage.cmd_incidents(_config(a), a))
 
-    sh = sub.add_parser("show", help="print one incident's summary")
-    sh.add_argument("id")
+    sh = sub.add_parser("show", help="print one incident's summary (--upstream: a bug report for vLLM's tracker)")
+    sh.add_argument("id", help="incident id (or its start), or a bundle directory")
+    sh.add_argument("--upstream", action="store_true",
+                    help="Markdown for the engine's issue tracker: versions, topology, verdict, culprit, deciding "
+                         "stacks, timeline; no secrets, locals, prompts, logs (docs/upstream-report.md)")
+    sh.add_argument("--keep-addresses", action="store_true",
+                    help="with --upstream: keep IP addresses and host names (replaced with <host> by default)")
     common(sh, url=False, state_dir=True)
     sh.set_defaults(func=lambda a: triage.cmd_show(_config(a), a))
 
