@@ -28,6 +28,7 @@ PURE = (
     "watchdog.config.gpu",
     "watchdog.config.nodes",
     "watchdog.config.restart_plan",
+    "watchdog.config.starter",
     "watchdog.evidence.stacks.frames",
     "watchdog.evidence.stacks.lines",
     "watchdog.evidence.stacks.parse",
@@ -48,6 +49,8 @@ PURE = (
     "watchdog.nodes.protocol",
     "watchdog.nodes.arguments",
     "watchdog.nodes.liveness",
+    "watchdog.nodes.enrol",
+    "watchdog.nodes.findings",
     "watchdog.act.policy",
     "watchdog.service.probes",
 )

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from watchdog import __version__
 from watchdog.cli import act as operate
 from watchdog.cli import evidence as triage
+from watchdog.cli import init as starting
 from watchdog.cli import nodes
 from watchdog.cli import service as watch
 from watchdog.config.load import Config, ConfigError, load
@@ -98,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 
     operate.add_commands(sub, common, _config)
     nodes.add_commands(sub, common, _config)
+    starting.add_parser(sub)
 
     return p
 
