@@ -37,6 +37,7 @@ PURE = (
     "watchdog.evidence.explain.frame_rules",
     "watchdog.evidence.explain.ranks",
     "watchdog.evidence.explain.findings",
+    "watchdog.evidence.explain.headline",
     "watchdog.evidence.gpu.readings",
     "watchdog.evidence.gpu.culprit",
     "watchdog.evidence.gpu.flight_recorder",

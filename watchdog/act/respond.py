@@ -77,6 +77,7 @@ class Responder:
         self._control_path = str(state_dir / CONTROL)  # stat'ed often: the path built once
         self._control_read_at = float("-inf")
         self._reserved: dict[str, str] = {}  # engine -> the id its freeze's bundle took before the incident opened
+        self._stacks_said: dict[str, tuple[str, str]] = {}  # engine -> (headline, runbook) of stacks found stuck
 
     # -- the pass --------------------------------------------------------------------------------------
 
@@ -141,20 +142,19 @@ class Responder:
 
     def evidence(self, engine: str, decision: str | None, bundle: str | None, details: dict[str, Any],
                  final: bool = True) -> None:
-        """The freeze's stacks: ``decision`` stuck | working | undecided, None when they could not be taken.
-
-        ``final`` marks the freeze's own bundle (or its failure), which the incident waits for; an earlier check
-        is only remembered."""
-        inc = self.memory.incident
+        """The freeze's stacks: ``decision`` stuck | working | undecided, None when not taken. ``final``: the freeze's
+        own bundle (or its failure), which the incident waits for; a check before it is kept (stuck: for its alert)."""
+        inc, said = self.memory.incident, (str(details.get("headline") or ""), str(details.get("runbook") or ""))
         if inc is None or inc.engine != engine or inc.kind != "frozen":
+            self._stacks_said[engine] = said if decision == "stuck" else ("", "")
             return
         inc.evidence, inc.bundle = decision or inc.evidence, bundle or inc.bundle
         if final and inc.phase == "evidence":
             inc.phase = "open"
         self._save()
         if final:
-            self._alert(inc, "evidence_captured", f"stacks: {decision or 'not taken'}",
-                        {"kind": inc.kind, "verdict": decision, "bundle": bundle, **details})
+            self._alert(inc, "evidence_captured", said[0] or f"stacks: {decision or 'not taken'}", {"kind": inc.kind,
+                        "verdict": decision, "bundle": bundle, **details}, runbook=Runbook(said[1] or Runbook.FROZEN))
 
     def _read_control(self) -> None:
         """The operator's switches, parsed again only when the file changed (a stat, not a parse)."""
@@ -197,10 +197,12 @@ class Responder:
         self.memory.incident, self._said = inc, ""
         self._save()
         self._event(inc, "incident_opened", reason=v.reason)
-        if kind == "down":
-            self._alert(inc, "engine_down", v.reason, {"kind": kind})
-        else:
-            self._alert(inc, "stall_detected", v.reason, {"kind": kind, "stalled_for": round(v.stalled_for, 1)})
+        said, rb = self._stacks_said.pop(v.engine, ("", ""))  # a freeze the stacks confirmed: their headline
+        if not (said and said in v.reason):  # else by kind; down: a rank lost ("... exited on node w1"), or the API
+            said, rb = v.reason, {"frozen": Runbook.FROZEN, "boot_timeout": Runbook.STARTING_TOO_LONG}.get(
+                kind, Runbook.DOWN_RANK_LOST if " on node " in v.reason else Runbook.DOWN_API)
+        self._alert(inc, "engine_down" if kind == "down" else "stall_detected", said, {"kind": kind} if kind == "down"
+                    else {"kind": kind, "stalled_for": round(v.stalled_for, 1)}, runbook=Runbook(rb))
         if inc.phase == "open":
             self._decide(inc, now)
 
@@ -251,7 +253,8 @@ class Responder:
             self._save()
             self._event(inc, "gave_up", reason=d.reason)
             self._alert(inc, "gave_up", f"gave up, a human is needed: {d.reason}",
-                        {"kind": inc.kind, "restarts_in_window": len(self.budget.recent(self.memory.restarts, now))})
+                        {"kind": inc.kind, "restarts_in_window": len(self.budget.recent(self.memory.restarts, now))},
+                        runbook=Runbook.GAVE_UP)
             return
         said = f"{d.choice.value}: {d.reason.split(':')[0]}"
         if said != self._said:  # announce each decision once, not every pass
@@ -291,8 +294,8 @@ class Responder:
         inc.phase, self._said = "open", ""
         self._save()
         self._event(inc, "restart_failed", stage=done.stage, error=done.detail)
-        self._alert(inc, "restart_failed", f"{done.stage}: {done.detail}",
-                    {"kind": inc.kind, "stage": done.stage, "error": done.detail, "attempt": inc.attempts})
+        self._alert(inc, "restart_failed", f"{done.stage}: {done.detail}", {"kind": inc.kind, "stage": done.stage,
+                    "error": done.detail, "attempt": inc.attempts}, runbook=Runbook.RESTART_FAILED)
 
     def _steps_event(self, inc: Incident, outcome: RestartOutcome | None) -> None:
         """``restart_steps``: what ran, in order, on which node, and each node's /dev/shm check (names, bytes)."""

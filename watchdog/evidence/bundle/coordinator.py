@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from watchdog.core.types import Decision, StackEvidence, State, Transition
 from watchdog.evidence.bundle.investigate import EvidenceDone, EvidenceJob
+from watchdog.evidence.explain.headline import compose
 
 
 class Runner(Protocol):
@@ -84,7 +85,11 @@ class EvidenceCoordinator:
             return Outcome(event, None, ForIncident(engine, None, None, {"error": done.error}, True)
                            if job.bundle else None)
         f = done.evidence.findings
-        summary: dict[str, Any] = {"decision": f.decision.value, "reason": f.reason, "culprit": f.cross_rank.culprit,
+        # what happened, from the cause down, and its runbook: the bundle's (with its GPU evidence) when written
+        said = compose(f, done.evidence.capture)
+        headline, runbook = done.said if done.said[0] else (said.text, said.runbook.value)
+        summary: dict[str, Any] = {"decision": f.decision.value, "headline": headline, "runbook": runbook,
+                                   "reason": f.reason, "culprit": f.cross_rank.culprit,
                                    "poll_parking": f.hypothesis.status.value, "complete": f.complete,
                                    "capture_problems": list(f.problems),
                                    "stuck_kind": f.stuck_kind.value if f.stuck_kind else None}
@@ -93,7 +98,9 @@ class EvidenceCoordinator:
             details["error"] = done.error
         bundle = str(done.bundle) if done.bundle else None
         if not job.bundle:
-            obs = StackEvidence(now, engine, f.decision, f.reason, captured_at=done.started)
+            # a freeze the stacks confirm is said by its headline (the verdict's reason: its event, log and alert)
+            reason = headline if f.decision is Decision.STUCK else f.reason
+            obs = StackEvidence(now, engine, f.decision, reason, captured_at=done.started)
             return Outcome({"event": "evidence_checked", "engine": engine, **summary,
                             "capture_seconds": round(done.evidence.seconds, 3)}, obs,
                            ForIncident(engine, f.decision, None, details, False))

@@ -17,7 +17,7 @@ from typing import Protocol
 from watchdog.config.load import Config
 from watchdog.core.processes import Capture, EngineProcess
 from watchdog.core.roles import Role
-from watchdog.evidence.bundle.write import BundleError, BundleHeader, prune, write_bundle
+from watchdog.evidence.bundle.write import BundleError, BundleHeader, prune, said_of, write_bundle
 from watchdog.evidence.collect.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
 from watchdog.evidence.collect.context import Context, LogSource, fetch_metrics_page, gather
 from watchdog.evidence.collect.discover import discover
@@ -127,7 +127,8 @@ class Investigator:
         since = wall - self.cfg.judge.stall_window - evidence.seconds
         gpu = (gather_gpu(evidence.capture.processes, self.gpu, self.cfg.gpu, since, freeze=True, now=wall)
                if self.gpu is not None else None)
-        path = write_bundle(root, inc, evidence.capture, evidence.findings, context, gpu)
+        path = write_bundle(root, inc, evidence.capture, evidence.findings, context, gpu,
+                            self.cfg.alerts.runbook_base)
         removed = prune(root, self.cfg.incidents.max_count, self.cfg.incidents.max_bytes)
         if removed:
             log.info("incident retention removed %s", ", ".join(removed))
@@ -151,6 +152,7 @@ class EvidenceDone:
     evidence: Evidence | None
     bundle: Path | None
     error: str = ""
+    said: tuple[str, str] = ("", "")  # the bundle's (headline, runbook name): its GPU evidence may say more
 
 
 class EvidenceRunner:
@@ -203,5 +205,6 @@ class EvidenceRunner:
         except BundleError as e:
             log.error("%s", e)
             return EvidenceDone(job, started, evidence, None, str(e))
-        log.warning("incident bundle written: %s", path)
-        return EvidenceDone(job, started, evidence, path)
+        said = said_of(path)
+        log.warning("incident bundle written: %s: %s (runbook %s)", path, *said)
+        return EvidenceDone(job, started, evidence, path, said=said)

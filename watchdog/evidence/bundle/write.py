@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.core.processes import Capture
+from watchdog.core.runbooks import runbook_link
 from watchdog.evidence.bundle.per_node import node_lines, per_node
 from watchdog.evidence.collect.context import Context
 from watchdog.evidence.explain.findings import Findings, ProcessFinding
-from watchdog.evidence.gpu.culprit import RankView, gpu_culprit
+from watchdog.evidence.explain.headline import GpuSaid, Headline, compose
+from watchdog.evidence.gpu.culprit import GpuCulprit, RankView, gpu_culprit
 from watchdog.evidence.gpu.gather import GpuEvidence, write_gpu_files
 from watchdog.evidence.gpu.readings import corroborate, gpu_of
 from watchdog.evidence.stacks.parse import Frame
@@ -77,16 +79,25 @@ def _failures(capture: Capture) -> list[dict[str, Any]]:
             for i, rnd in enumerate(capture.rounds, 1) for pid, d in sorted(rnd.items()) if d.failure is not None]
 
 
+def _node_of(findings: Findings, name: str | None) -> str | None:
+    """The node of the process an explanation names ("local": this host)."""
+    return next((f.process.node for f in findings.processes if f.explanation and f.explanation.name == name), None)
+
+
 def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: Context,
-             files: list[str]) -> dict[str, Any]:
+             files: list[str], said: Headline | None = None, runbook_base: str = "") -> dict[str, Any]:
+    said = said or compose(findings, capture, verdict=inc.reason if inc.state == "frozen" else "")
     return {
         "version": MANIFEST_VERSION,
         "id": inc.id, "created": datetime.fromtimestamp(inc.created, UTC).isoformat(), "engine": inc.engine,
         "state": inc.state, "reason": inc.reason, "url": inc.url,
+        # what happened, from the cause down, and the runbook of that cause (watchdog.evidence.explain.headline)
+        "headline": said.text, "runbook": said.runbook.value, "runbook_link": runbook_link(said.runbook, runbook_base),
         "capture_complete": findings.complete, "capture_failures": _failures(capture),
         "decision": findings.decision.value, "decision_reason": findings.reason,
         "stuck_kind": findings.stuck_kind.value if findings.stuck_kind else None,
-        "culprit": findings.cross_rank.culprit, "cross_rank": findings.cross_rank.reason,
+        "culprit": findings.cross_rank.culprit, "culprit_node": _node_of(findings, findings.cross_rank.culprit),
+        "cross_rank": findings.cross_rank.reason,
         "cross_rank_frames": _frames(findings.cross_rank.frames),
         "poll_parking": {"status": findings.hypothesis.status.value, "reason": findings.hypothesis.reason,
                          "frames": _frames(findings.hypothesis.frames),
@@ -113,10 +124,13 @@ def summary(m: dict[str, Any]) -> str:
     lines = [
         f"# Incident {m['id']}",
         "",
+        *([f"**{m['headline']}**", "", f"Runbook: {m['runbook_link']}", ""] if m.get("headline") else []),
         f"**engine {m['engine']}: {m['state'].upper()}** at {m['created']} on {m['url']}",
         f"- why: {m['reason']}",
         f"- stacks say: **{m['decision']}**: {m['decision_reason']}",
-        f"- culprit: **{m['culprit'] or 'none named'}**: {m['cross_rank']}",
+        f"- culprit: **{m['culprit'] or 'none named'}**"
+        + (f" on node {m['culprit_node']}" if m.get("culprit_node") not in (None, "local") else "")
+        + f": {m['cross_rank']}",
         f"- poll-parking hypothesis: **{m['poll_parking']['status']}**: {m['poll_parking']['reason']}",
         f"- capture complete: {'yes' if m['capture_complete'] else 'NO'}" + _kinds(m.get("capture_failures", []))
         + (f"; shared-memory ring warnings in the log: {m['ring_buffer_warnings_in_log']}" if m["log_source"] else ""),
@@ -140,8 +154,18 @@ def summary(m: dict[str, Any]) -> str:
         lines += ["", "**py-spy --locals was ON: these dumps may hold prompts and secrets. Share with care.**"]
     if m["problems"]:
         lines += ["", "## Capture problems (each with its fix)", *[f"- {p}" for p in m["problems"]]]
-    lines += ["", "Raw py-spy dumps are in `dumps/`; the metrics page in `metrics.txt`; see runbooks/frozen.md.", ""]
+    lines += ["", "Raw py-spy dumps are in `dumps/`; the metrics page in `metrics.txt`.", ""]
     return "\n".join(lines)
+
+
+def gpu_views(gpu: GpuEvidence, findings: Findings) -> tuple[list[RankView], GpuCulprit]:
+    """Each GPU rank's stack class with its GPU's state, and the culprit GPU rank they name (issue 10: from stack
+    classes, power, RAS and the Flight Recorder; evidence/gpu/culprit.py)."""
+    views = [RankView(f.explanation.name, f.process.ranks.get("TP"), (f.native or f.explanation).cls.value,
+                      (f.native or f.explanation).frames,  # a GPU rank's waits are in its native frames
+                      r.state if (r := gpu_of(gpu.readings, f.process.pid)) else None)
+             for f in findings.processes if f.explanation is not None and f.process.role == "worker"]
+    return views, gpu_culprit(views, gpu.ras, gpu.fr)
 
 
 def gpu_manifest(gpu: GpuEvidence, findings: Findings) -> dict[str, Any]:
@@ -153,12 +177,7 @@ def gpu_manifest(gpu: GpuEvidence, findings: Findings) -> dict[str, Any]:
         said = corroborate(e.cls.value if e else "", reading)
         if said:
             ranks.append(f"{f.process.label}: {said}")
-    # issue 10: the culprit GPU rank from stack classes, power, RAS and the Flight Recorder (evidence/gpu/culprit.py)
-    views = [RankView(f.explanation.name, f.process.ranks.get("TP"), (f.native or f.explanation).cls.value,
-                      (f.native or f.explanation).frames,  # a GPU rank's waits are in its native frames
-                      r.state if (r := gpu_of(gpu.readings, f.process.pid)) else None)
-             for f in findings.processes if f.explanation is not None and f.process.role == "worker"]
-    c = gpu_culprit(views, gpu.ras, gpu.fr)
+    _, c = gpu_views(gpu, findings)
     return {"culprit": c.culprit, "culprit_reason": c.reason, "culprit_sources": list(c.sources),
             "readings": [r.to_json() for r in gpu.readings], "ranks": ranks, "lines": gpu.lines(),
             "ras": gpu.ras.verdict() if gpu.ras is not None else None, "flight_recorder": gpu.fr_verdict or None,
@@ -172,9 +191,20 @@ def _write(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+def headline_of(inc: BundleHeader, capture: Capture, findings: Findings, gpu: GpuEvidence | None) -> Headline:
+    """The bundle's headline: the stacks' cause, with the GPU culprit evidence on a GPU host."""
+    verdict = inc.reason if inc.state == "frozen" else ""
+    if gpu is None:
+        return compose(findings, capture, verdict=verdict)
+    views, c = gpu_views(gpu, findings)
+    said = GpuSaid(c.culprit, c.sources, {v.name: v.gpu.value for v in views if v.gpu is not None})
+    return compose(findings, capture, said, verdict)
+
+
 def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Findings, context: Context,
-                 gpu: GpuEvidence | None = None) -> Path:
-    """Write the bundle atomically; returns its final directory."""
+                 gpu: GpuEvidence | None = None, runbook_base: str = "") -> Path:
+    """Write the bundle atomically; returns its final directory. ``runbook_base``: where the runbooks are published
+    (``[alerts] runbook_base``; "" names the project's runbooks/)."""
     partial = root / f"{PARTIAL}{inc.id}"
     final = root / inc.id
     try:
@@ -201,7 +231,7 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
                 files.append(name)
         if gpu is not None:
             files += write_gpu_files(partial, gpu)
-        m = manifest(inc, capture, findings, context, files)
+        m = manifest(inc, capture, findings, context, files, headline_of(inc, capture, findings, gpu), runbook_base)
         if gpu is not None:
             m["gpu"] = gpu_manifest(gpu, findings)
         _write(partial / "summary.md", summary(m))
@@ -216,6 +246,15 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
         shutil.rmtree(partial, ignore_errors=True)
         raise BundleError(f"cannot write incident bundle under {root}: {e.strerror or e}") from None
     return final
+
+
+def said_of(bundle: Path) -> tuple[str, str]:
+    """A written bundle's (headline, runbook name), as its manifest holds them; ("", "") when it cannot say."""
+    try:
+        m = json.loads((bundle / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return "", ""
+    return str(m.get("headline") or ""), str(m.get("runbook") or "")
 
 
 def list_bundles(root: Path) -> list[dict[str, Any]]:
