@@ -46,9 +46,13 @@ def _and(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
+def _name(p: ProcessFinding) -> str:
+    """Its explanation's name (Worker_TP1), or its title's when it could not be read."""
+    return p.explanation.name if p.explanation else p.process.title.split("::")[-1].split(" ")[0] or p.process.label
+
+
 def _who(p: ProcessFinding) -> str:
-    name = p.explanation.name if p.explanation else p.process.title.split("::")[-1] or p.process.label
-    node = p.process.node
+    name, node = _name(p), p.process.node
     return name if node == "local" or name.endswith(f" on node {node}") else f"{name} on node {node}"
 
 
@@ -98,7 +102,7 @@ def _own_gpu(p: ProcessFinding, gpus: Mapping[str, str]) -> str:
 
 
 def _stopped_how(state: str) -> str:
-    return "a debugger holds it (tracing stop)" if state[:1] == "t" else "SIGSTOP or a debugger"
+    return "held by a debugger: tracing stop" if state[:1] == "t" else "SIGSTOP or a debugger"
 
 
 def _doing(p: ProcessFinding, culprit: ProcessFinding | None, workers: int) -> str:
@@ -154,8 +158,7 @@ def _rest(procs: list[ProcessFinding], culprit: ProcessFinding | None, skip: Seq
 def _said(text: str, runbook: Runbook, culprit: ProcessFinding | None = None) -> Headline:
     if culprit is None:
         return Headline(text, runbook)
-    return Headline(text, runbook, culprit.explanation.name if culprit.explanation else culprit.process.label,
-                    culprit.process.node)
+    return Headline(text, runbook, _name(culprit), culprit.process.node)
 
 
 def _missing(procs: list[ProcessFinding]) -> list[str]:
