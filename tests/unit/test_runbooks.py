@@ -25,10 +25,6 @@ INDEX = "README.md"
 SECTIONS = ("What the watchdog saw", "Confirm by hand", "What to do now", "Keep for the upstream report")
 MAX_LINES = 100  # read at 3 a.m.: short
 
-# The one exception: `watchdog show ID --upstream` (issue 21, item 4) is being added by another change. A page may
-# name it before it lands; once `show` has the flag this entry matches nothing and can be removed.
-PENDING_FLAGS = {("show", "--upstream")}
-
 # Code: `spans` and fenced blocks. A command: "watchdog VERB ...", at the start or after a space, a path or a shell
 # separator, up to the end of the line or the next separator.
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -164,7 +160,7 @@ def test_every_command_a_page_names_is_a_real_subcommand_with_real_flags() -> No
                 bad.append(f"{name}: `watchdog {verb}`: no such subcommand")
                 continue
             bad += [f"{name}: `watchdog {verb} {flag}`: no such flag" for flag in flags
-                    if flag not in verbs[verb] and (verb, flag) not in PENDING_FLAGS]
+                    if flag not in verbs[verb]]
     assert bad == []
     assert seen >= 2 * len(Runbook), "the pages name the commands to run (this check found too few to mean much)"
 
