@@ -189,7 +189,8 @@ def exported_names() -> set[str]:
     e.set_verdicts([Verdict(engine="0", state=State.FROZEN, t=10.0, since=1.0, reason="test", last_progress=2.0,
                             stalled_for=8.0)], now=10.0)
     e.set_response({"incident": {"engine": "0", "id": "i"}, "recovery": {"phase": "restarting", "seconds": 3.0},
-                    "paused": False, "budget_left": 2, "gave_up": False})
+                    "paused": False, "budget_left": 2, "gave_up": False,
+                    "blind": [{"what": "node:worker1", "seconds": 70.0}]})
     e.observe_gpu(GpuSample(t=1.0, index=0, util=50, power_w=300.0, sm_clock_mhz=1900))
     e.observe_event("restart_started")
     e.observe_record({"event": "recovered", "downtime": 42.0})
