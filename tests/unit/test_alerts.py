@@ -27,6 +27,7 @@ from watchdog.act.alerts import (
     verify_signature,
 )
 from watchdog.act.heartbeat import Heartbeat
+from watchdog.act.state import iso
 from watchdog.config.load import ConfigError, Secret, load
 
 SECRET = "hmac-s3cret-value-42"
@@ -152,7 +153,7 @@ def test_events_arrive_in_order_with_documented_payloads(receiver, dispatcher) -
         assert one["generatorURL"] == "http://127.0.0.1:8000"
         assert ("endsAt" in one) == a.resolved
     assert posts[1][0]["annotations"]["bundle"] == DETAILS["evidence_captured"]["bundle"]
-    assert posts[-1][0]["endsAt"] == "2023-11-14T22:13:28.000Z"  # resolved, the last of EVENTS
+    assert posts[-1][0]["endsAt"] == iso(1_700_000_000.0 + len(EVENTS) - 1)  # resolved, the last of EVENTS
 
 
 def test_webhook_without_secret_is_unsigned(receiver, dispatcher) -> None:
@@ -216,6 +217,17 @@ def test_alertmanager_alertname_follows_the_incident_kind() -> None:
     assert fresh.alertname(alert("resolved", "a", state="healthy", details={"kind": "down"})) == "EngineDown"
     [firing] = json.loads(am.body(alert(time=0.0)))
     assert firing["endsAt"] == "1970-01-01T01:00:00.000Z"  # held open, not ended by resolve_timeout
+
+
+def test_a_blind_incident_is_one_watchdog_blind_alert_from_blind_to_resolved() -> None:
+    am = AlertmanagerSink("http://am:9093")
+    assert am.alertname(alert("blind", "d", state="blind", details={"kind": "blind"})) == "WatchdogBlind"
+    assert am.alertname(alert("blind_frozen", "d", state="blind")) == "WatchdogBlind"
+    assert am.alertname(alert("resolved", "d", state="idle", resolved=True)) == "WatchdogBlind"
+    fresh = AlertmanagerSink("http://am:9093")  # no kind in the details, none remembered: the event says it
+    assert fresh.alertname(alert("blind", "e", state="blind")) == "WatchdogBlind"
+    [ended] = json.loads(fresh.body(alert("resolved", "e", state="idle", resolved=True, time=5.0)))
+    assert ended["labels"]["alertname"] == "WatchdogBlind" and ended["endsAt"] == iso(5.0)
 
 
 def test_down_receiver_is_retried_then_given_up_without_blocking(dispatcher, caplog) -> None:

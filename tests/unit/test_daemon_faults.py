@@ -56,7 +56,8 @@ class RecordingAct:
     def fault(self, stage: str, error: str, where: str, started: float) -> None:
         self.faults.append((stage, error))
 
-    def step(self, verdicts: list[Any], mono: float, page_read: bool = True) -> dict[str, Any]:
+    def step(self, verdicts: list[Any], mono: float, page_read: bool = True, local: Any = None,
+             views: Any = ()) -> dict[str, Any]:
         self.steps += 1
         self.page_read.append(page_read)
         return {"incident": None, "paused": False, "budget_left": 3, "recovery": None, "gave_up": None}

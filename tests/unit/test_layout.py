@@ -53,6 +53,7 @@ PURE = (
     "watchdog.nodes.enrol",
     "watchdog.nodes.findings",
     "watchdog.act.policy",
+    "watchdog.act.blind",
     "watchdog.service.probes",
 )
 # Modules (or their parents) that do I/O, keep time or hand out randomness.

@@ -4,7 +4,8 @@ Generic webhook body (``WebhookSink``), JSON, UTF-8, ``Content-Type: application
 
     {"version": 1,                    # schema version, an integer
      "event": "stall_detected",       # stall_detected | evidence_captured | restart_started | recovered |
-                                      # restart_failed | gave_up | engine_down | resolved
+                                      # restart_failed | gave_up | engine_down | blind | blind_frozen |
+                                      # watchdog_fault | resolved
      "incident_id": "...", "engine": "...", "stack": "...",
      "url": "http://host:8000",       # the engine's base URL
      "state": "frozen",               # the engine's state when the event happened
@@ -17,10 +18,10 @@ When a secret is set, ``X-Watchdog-Signature: sha256=<hex HMAC-SHA256(secret, ex
 ``X-Watchdog-Timestamp: <unix seconds at sending>`` are added (see `verify_signature`). A timed-out attempt may
 have reached the receiver, so receivers should deduplicate on (incident_id, event).
 
-Alertmanager (``AlertmanagerSink``): one alert per incident, labels ``alertname`` (EngineFrozen, EngineDown or
-EngineBootTimeout from ``details["kind"]`` = frozen/down/boot_timeout, else the incident's first event/state),
-``engine``, ``stack``, ``incident_id``, ``severity``; each event updates its annotations; ``endsAt`` is set
-when ``resolved``. Without ``firing_ttl`` Alertmanager ends a firing alert after its own ``resolve_timeout``.
+Alertmanager (``AlertmanagerSink``): one alert per incident, labels ``alertname`` (EngineFrozen, EngineDown,
+EngineBootTimeout or WatchdogBlind from ``details["kind"]`` = frozen/down/boot_timeout/blind, else the incident's first
+event/state), ``engine``, ``stack``, ``incident_id``, ``severity``; each event updates its annotations; ``endsAt`` is
+set when ``resolved``. Without ``firing_ttl`` Alertmanager ends a firing alert after its own ``resolve_timeout``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from watchdog.act.state import iso
 from watchdog.config.load import Secret
 
 EVENTS = ("stall_detected", "evidence_captured", "restart_started", "recovered", "restart_failed", "gave_up",
-          "engine_down", "watchdog_fault", "resolved")
+          "engine_down", "blind", "blind_frozen", "watchdog_fault", "resolved")
 _USER_AGENT = f"engine-watchdog/{__version__}"  # receivers can tell which watchdog sent an alert
 
 
@@ -159,7 +160,8 @@ class SlackSink(_HttpSink):
             {"type": "context", "elements": [{"type": "mrkdwn", "text": context}]}]})
 
 
-_ALERTNAMES = {"frozen": "EngineFrozen", "down": "EngineDown", "boot_timeout": "EngineBootTimeout"}
+_ALERTNAMES = {"frozen": "EngineFrozen", "down": "EngineDown", "boot_timeout": "EngineBootTimeout",
+               "blind": "WatchdogBlind"}  # blind: the watchdog cannot see the page or a node (docs/blind.md)
 
 
 class AlertmanagerSink(_HttpSink):
@@ -175,7 +177,8 @@ class AlertmanagerSink(_HttpSink):
         kind = alert.details.get("kind")
         if not isinstance(kind, str) or kind not in _ALERTNAMES:
             kind = self._kinds.get(alert.incident_id) or (
-                "down" if alert.event == "engine_down" or alert.state == "down" else "frozen")
+                "down" if alert.event == "engine_down" or alert.state == "down" else
+                "blind" if alert.event in ("blind", "blind_frozen") or alert.state == "blind" else "frozen")
         self._kinds[alert.incident_id] = kind
         if len(self._kinds) > 1024:
             self._kinds.popitem(last=False)

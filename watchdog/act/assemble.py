@@ -1,4 +1,4 @@
-"""The act stage assembled for one config: responder, recovery, alert sinks and the dead-man heartbeat.
+"""The act stage assembled for one config: responder, blind incidents, recovery, alert sinks and the dead-man heartbeat.
 
 The daemon calls `Act.step` once a pass with the judge's verdicts, hands over stack evidence as it arrives, and
 closes it on the way out (queued alerts get a few seconds to go).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,12 @@ from watchdog.act.recovery import RecoveryRunner
 from watchdog.act.respond import Responder
 from watchdog.act.restart import Restarter, RestartOutcome
 from watchdog.act.shm_sweep import sweepers
+from watchdog.act.sight import Sight
 from watchdog.config.load import Config, Secret
 from watchdog.config.restart_plan import describe
 from watchdog.core.types import State, Verdict, base_url, incident_id
 from watchdog.host.run import LocalRunner
+from watchdog.nodes.liveness import NodeView
 from watchdog.nodes.remote import node_runners
 from watchdog.nodes.transport import NodeLink
 from watchdog.scrape.engine_http import EngineHTTP
@@ -70,19 +72,23 @@ class Act:
         elif not cfg.restart.steps:
             log.info("no restart steps configured: incidents are alerted and recorded, never acted on")
         self.responder.resume()
+        self.sight = Sight(self.responder)  # blind incidents: the page or a node not seen (watchdog.act.blind)
 
-    def step(self, verdicts: list[Verdict], mono: float, page_read: bool = True) -> dict[str, Any]:
-        """One pass: the policy, then the heartbeat (only if this pass saw the engine: its page read, no verdict
-        blind; a freeze stays frozen while its page cannot be read); returns the status."""
+    def step(self, verdicts: list[Verdict], mono: float, page_read: bool = True,
+             local: Sequence[Verdict] | None = None, views: Sequence[NodeView] = ()) -> dict[str, Any]:
+        """One pass: the blind incidents (``local``: this node's own verdicts under the other nodes' ``views``;
+        default ``verdicts``), the policy, then the heartbeat (only if this pass saw the engine: its page read, no
+        verdict blind; a freeze stays frozen while its page cannot be read); returns the status."""
+        self.sight.step(verdicts if local is None else local, views, mono)
         self.responder.step(verdicts, mono)
         self.heartbeat.beat(mono, page_read and bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
-        return self.responder.status(time.time())
+        return {**self.responder.status(time.time()), "blind": self.sight.status()}
 
     @property
     def settled(self) -> bool:
-        """No incident, no recovery, no freeze id reserved: a calm pass has nothing here to decide."""
+        """No incident, no recovery, no freeze id reserved, all seen: a calm pass has nothing here to decide."""
         r = self.responder
-        return r.memory.incident is None and r.recovery.progress is None and not r.reserved
+        return r.memory.incident is None and r.recovery.progress is None and not r.reserved and not self.sight.watching
 
     @property
     def incident_open(self) -> bool:

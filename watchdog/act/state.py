@@ -6,7 +6,7 @@ In the state directory, each written whole (temp file, fsync, rename) by one wri
   every pass: paused (until when, why), and the time of the last budget reset;
 - ``recovery.json`` the daemon's memory: the restarts within the budget window, whether it gave up, and the open
   incident with its phase, so a watchdog restarted between ``restart_started`` and ``recovered`` neither restarts
-  twice nor loses the incident;
+  twice nor loses the incident; and the open blind incidents, so their ``resolved`` still comes;
 - ``status.json``   what the daemon is doing now, rewritten every pass, for ``watchdog status``.
 
 A file that cannot be parsed is moved aside (``*.corrupt-<time>``, kept for a human) with a loud log line, and
@@ -47,7 +47,7 @@ class Control:
 class Incident:
     id: str
     engine: str
-    kind: str  # frozen | down | boot_timeout
+    kind: str  # frozen | down | boot_timeout | blind
     detected: float  # wall time the problem was detected
     reason: str = ""
     phase: str = "open"  # open | evidence | held | waiting | restarting | proving | gave_up | observing
@@ -56,6 +56,7 @@ class Incident:
     bundle: str | None = None
     evidence: str | None = None  # the stacks' decision: stuck | working | undecided
     held_since: float | None = None  # wall time the restart was first held because the stacks showed work
+    unseen: str = ""  # blind: what cannot be seen, "page" or "node:<name>" (watchdog.act.blind)
 
 
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class Memory:
     restarts: list[float] = field(default_factory=list)  # wall times of restarts issued
     gave_up: dict[str, Any] | None = None  # {"at", "incident", "reason"} until reset
     incident: Incident | None = None
+    blind: list[Incident] = field(default_factory=list)  # open blind incidents, one per thing not seen (never acted on)
 
 
 def iso(wall: float) -> str:
@@ -140,8 +142,10 @@ def load_memory(state_dir: Path) -> Memory:
         return Memory()
     try:
         inc = obj.get("incident")
+        blind = [Incident(**_pick(Incident, b)) for b in obj.get("blind") or [] if isinstance(b, dict)]
         return Memory(restarts=[float(x) for x in obj.get("restarts", [])], gave_up=obj.get("gave_up"),
-                      incident=Incident(**_pick(Incident, inc)) if isinstance(inc, dict) else None)
+                      incident=Incident(**_pick(Incident, inc)) if isinstance(inc, dict) else None,
+                      blind=[b for b in blind if b.kind == "blind" and b.unseen])
     except (TypeError, ValueError) as e:
         log.error("%s: %s; starting from empty", state_dir / RECOVERY, e)
         return Memory()
@@ -149,7 +153,8 @@ def load_memory(state_dir: Path) -> Memory:
 
 def save_memory(state_dir: Path, memory: Memory) -> None:
     write_json(state_dir / RECOVERY, {"version": VERSION, "restarts": memory.restarts, "gave_up": memory.gave_up,
-                                      "incident": asdict(memory.incident) if memory.incident else None})
+                                      "incident": asdict(memory.incident) if memory.incident else None,
+                                      "blind": [asdict(b) for b in memory.blind]})
 
 
 def save_status(state_dir: Path, status: dict[str, Any]) -> None:

@@ -73,6 +73,7 @@ class AlertsSection:
     heartbeat_url_file: str = ""
     heartbeat_interval: float = 60.0
     runbook_base: str = ""  # where the runbooks are published (a URL or directory); "" names runbooks/<page>.md
+    blind_after: float = 60.0  # the page or a node not seen this long: a blind incident, alerted (docs/blind.md)
 
 
 def check_restart(r: RestartSection, nodes: tuple[str, ...] = NODES) -> None:
@@ -108,6 +109,8 @@ def check_alerts(a: AlertsSection) -> None:
     """Raises ValueError naming the key."""
     if a.attempts < 1 or not a.retry_for > 0 or not a.heartbeat_interval > 0:
         raise ValueError("alerts: attempts must be 1 or more, retry_for and heartbeat_interval above 0")
+    if not a.blind_after > 0:
+        raise ValueError(f"alerts.blind_after must be greater than 0, got {a.blind_after!r}")
     if sum(bool(x) for x in (a.heartbeat_url, a.heartbeat_url_env, a.heartbeat_url_file)) > 1:
         raise ValueError("alerts: give one of heartbeat_url, heartbeat_url_env, heartbeat_url_file")
     names: set[str] = set()

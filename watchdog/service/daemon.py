@@ -300,7 +300,7 @@ class Daemon:
             return
         now = time.monotonic()
         verdicts = watcher.judge.verdicts()
-        nodes_well = True
+        local, views, nodes_well = verdicts, [], True  # this node's own verdicts, the other nodes' views
         if self.nodes is not None:  # a rank lost on another node is down; a node not seen makes it blind
             views = self.nodes.views()
             for v in self.nodes.changes(views):
@@ -313,7 +313,7 @@ class Daemon:
         calm_here = self._calm and nodes_well and self.act.settled
         if calm_here and now < self._respond_next and not self._deadlines_due:
             return  # calm, and nothing open, running or reserved: the act stage has nothing to do on this pass
-        status = self.act.step(verdicts, watcher.clock(), watcher.judge.last_scrape_ok)
+        status = self.act.step(verdicts, watcher.clock(), watcher.judge.last_scrape_ok, local, views)
         self.exporter.set_response(status)
         self._respond_next = now + RESPOND_CALM_EVERY if calm_here else now
         if self._deadlines_due or now - self._deadlines_read >= DEADLINES_EVERY:
