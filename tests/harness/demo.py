@@ -23,6 +23,7 @@ from tests.harness.load import LoadGenerator
 from tests.harness.models import fast_model
 from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
+from watchdog.config.load import JudgeSection
 
 T0 = time.monotonic()
 
@@ -41,7 +42,7 @@ def follow(w: WatchdogProcess, stop: threading.Event) -> None:
             elif e.get("event") == "evidence_checked":
                 say(f"  watchdog: stacks of every rank say {e['decision']}: {e['reason']}")
             elif e.get("event") == "evidence_captured":
-                say(f"  watchdog: incident bundle {e['bundle']} (culprit {e['culprit']}, "
+                say(f"  watchdog: incident bundle {e['bundle']}: {e.get('headline')} (runbook {e.get('runbook')}; "
                     f"poll-parking {e['poll_parking']})")
         shown = len(events)
         time.sleep(0.2)
@@ -99,7 +100,8 @@ def main() -> int:
                     event = watchdog.wait_for_state("frozen", 120, after=stopped)
                     say(
                         f"FROZEN detected {event_time(event) - stopped:.1f}s after the worker stopped "
-                        "(default settings: suspect at 15s, then the stacks decide; vLLM itself would act at 300s)"
+                        f"(default settings: suspect at {JudgeSection().suspect_after:g}s, then the stacks decide; "
+                        "vLLM itself would act at 300s)"
                     )
                     check(server.url)
                     show_bundle(watchdog)

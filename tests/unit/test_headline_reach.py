@@ -138,3 +138,19 @@ def test_a_failed_restart_and_giving_up_name_their_pages(tmp_path: Path) -> None
     pages = {a.event: a.runbook for a in h.alerts}
     assert pages["restart_failed"] == "runbooks/restart-failed.md", h.sent()
     assert pages["gave_up"] == "runbooks/gave-up.md", h.sent()
+
+
+def test_show_prints_the_headline_first_and_for_an_older_bundle_its_decision(tmp_path: Path) -> None:
+    from tests.unit.test_evidence_bundle import watchdog, write
+
+    state = tmp_path / "state"
+    path = write(state / "incidents")
+    r = watchdog("show", path.name, "--state-dir", str(state))
+    shown = [line for line in r.stdout.splitlines() if line.strip()]
+    assert r.returncode == 0 and shown[1].startswith("**Worker_TP1") and shown[2].startswith("Runbook: "), shown[:3]
+    m = json.loads((path / "manifest.json").read_text())
+    old = {k: v for k, v in m.items() if k not in ("headline", "runbook", "runbook_link", "culprit_node")}
+    (path / "manifest.json").write_text(json.dumps(old))
+    r = watchdog("show", path.name, "--state-dir", str(state))
+    assert r.returncode == 0 and r.stdout.startswith(f"**{m['decision_reason']}**"), r.stdout[:200]
+    assert "Runbook: runbooks/frozen.md" in r.stdout.split("# Incident")[0]

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from watchdog import __version__
 from watchdog.config.load import Config
+from watchdog.core.runbooks import Runbook, runbook_link
 from watchdog.core.types import incident_id
 from watchdog.evidence.bundle.investigate import Investigator
 from watchdog.evidence.bundle.per_node import node_lines, per_node
@@ -86,6 +87,8 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
         if len(m["nodes"]) > 1:  # [[nodes]]: which node's evidence is here, which is missing
             for line in node_lines(m["nodes"]):
                 print(line)
+        if m.get("headline"):  # what happened, from the cause down, and its runbook (the bundle's)
+            print(f"headline: {m['headline']}\nrunbook: {m['runbook_link']}")
         print(f"culprit: {f.cross_rank.culprit or 'none named'}: {f.cross_rank.reason}")
         print(f"poll-parking: {f.hypothesis.status.value}: {f.hypothesis.reason}")
         for problem in f.problems:
@@ -156,6 +159,9 @@ def cmd_show(cfg: Config, args: argparse.Namespace) -> int:
         return show_upstream(cfg, args)
     for m in list_bundles(Path(cfg.state.dir) / "incidents"):
         if m["id"] == args.id or m["id"].startswith(args.id):
+            if not m.get("headline"):  # written before bundles had headlines: what the stacks said, the plain page
+                print(f"**{m.get('decision_reason') or m.get('reason') or 'no reason recorded'}**\n\n"
+                      f"Runbook: {runbook_link(Runbook.FROZEN, cfg.alerts.runbook_base)}\n")
             print((Path(m["path"]) / "summary.md").read_text(), end="")
             return 0
     print(f"watchdog: no incident {args.id!r}", file=sys.stderr)
