@@ -47,6 +47,7 @@ from watchdog.evidence.gpu.fr_trigger import trigger
 from watchdog.evidence.gpu.ras_status import parse_ras
 from watchdog.evidence.stacks.parse import parse_any
 from watchdog.nodes import watch
+from watchdog.nodes.findings import LocalFacts
 from watchdog.nodes.remote import RemoteEvidence, SshRunner
 from watchdog.nodes.transport import NodeError, NodeLink
 from watchdog.nodes.watch import LivenessStream, Silent
@@ -260,7 +261,8 @@ def test_watchdog_nodes_reads_a_hostile_version_answer(hostile_node: tuple[Confi
     cfg, answers, _ = hostile_node
     (answers / "version").write_text(json.dumps({"ok": True, "time": "abc", "ranks": "VLLM", "version": ["x"],
                                                  "ptrace_allowed": "yes", "ignored": True}))
-    out = check_node(cfg.nodes[0], ssh=str(answers.parent / "ssh"))  # today: ValueError out of float("abc")
+    # today: ValueError out of float("abc")
+    out = check_node(cfg.nodes[0], ssh=str(answers.parent / "ssh"), local=lambda n: LocalFacts())
     assert out["reachable"] and out["ranks"] == [] and out["clock_offset"] is None and out["version"] is None
     assert out["ptrace_allowed"] is False and not out["fine"]
 
@@ -284,7 +286,7 @@ def test_watchdog_nodes_prints_the_nodes_strings_cleaned(hostile_node: tuple[Con
     cfg, answers, _ = hostile_node
     (answers / "version").write_text(json.dumps({"ok": True, "time": 1.0, "ranks": [], "version": "9\x1b[2J\n" * 50,
                                                  "ptrace_allowed": False, "ptrace": "\x1b]0;owned\x07\nno"}))
-    out = check_node(cfg.nodes[0], ssh=str(answers.parent / "ssh"))
+    out = check_node(cfg.nodes[0], ssh=str(answers.parent / "ssh"), local=lambda n: LocalFacts())
     assert len(out["problems"]) >= 2, out
     for p in out["problems"]:
         assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in p), p

@@ -176,8 +176,10 @@ def test_watchdog_nodes_command(node: SshNode, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "watchdog", "nodes", "--config", str(cfg), "--json"],
                        capture_output=True, text=True, timeout=60, check=False)
     out = json.loads(r.stdout)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # usable, but no engine runs on this node: exit 3, the finding named
+    assert r.returncode == 3 and out["exit"] == 3, r.stdout + r.stderr
     assert out["nodes"][0]["reachable"] and out["nodes"][0]["host_key_verified"] and out["nodes"][0]["fine"]
+    assert [f["code"] for f in out["nodes"][0]["findings"]] == ["no_engine_ranks"]
     bad = tmp_path / "bad.toml"
     (tmp_path / "kh").write_text("")
     bad.write_text(node.toml().replace(str(node.known_hosts), str(tmp_path / "kh")))

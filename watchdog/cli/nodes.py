@@ -15,6 +15,7 @@ import math
 import os
 import stat
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -60,12 +61,14 @@ def local_facts(node: NodeSection, keygen: str = "ssh-keygen") -> LocalFacts:
     return LocalFacts(key, mode, known, detail)
 
 
-def check_node(node: NodeSection, ssh: str = "ssh") -> dict[str, Any]:
+def check_node(node: NodeSection, ssh: str = "ssh",
+               local: Callable[[NodeSection], LocalFacts] = local_facts) -> dict[str, Any]:
+    """One node: this host's side (``local``), then the node's answer; the findings and the summary flags."""
     out: dict[str, Any] = {"node": node.name, "host": node.host, "user": node.user, "port": node.port,
                            "reachable": False, "host_key_verified": False, "version": None, "ranks": [],
                            "ptrace_allowed": False, "problems": [], "warnings": [], "findings": []}
     where = Where(node.name, node.host, node.user, node.port, node.identity_file, node.known_hosts_file)
-    facts = local_facts(node)
+    facts = local(node)
     found: list[Finding] = local_findings(where, facts)
     if not facts.blocking:
         found += _ask(node, ssh, where, out)
