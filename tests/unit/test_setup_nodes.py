@@ -200,3 +200,19 @@ def test_the_agent_says_in_its_answer_that_its_audit_log_cannot_be_written(tmp_p
     answer = json.loads(r.stdout.strip().splitlines()[-1])
     assert answer["ok"] is True and f"{tmp_path}/afile/agent.log" in answer["audit_problem"], answer
     assert [f.code for f in answer_findings(answer, answer["version"])][:1] == ["audit_log"]
+
+
+def test_the_docs_vllm_commands_are_the_two_node_harness_ones() -> None:
+    """The page's vLLM commands (not run by its setup test) carry the flags and variables the real two-node test
+    starts vLLM with (tests/harness/two_node.py), each node its own rank and address."""
+    serve = [b for b in re.findall(r"^```bash\n(.*?)^```", DOC.read_text(), re.M | re.S) if "vllm serve" in b]
+    head = next(b for b in serve if "--node-rank 0" in b)
+    worker = next(b for b in serve if "--node-rank 1" in b)
+    harness = (Path(__file__).resolve().parents[1] / "harness" / "two_node.py").read_text()
+    for flag in ("--nnodes", "--node-rank", "--master-addr", "--headless", "--tensor-parallel-size",
+                 "--distributed-executor-backend", "GLOO_SOCKET_IFNAME", "VLLM_HOST_IP"):
+        assert flag in harness and flag in worker, flag
+    for b, addr in ((head, "10.0.0.1"), (worker, "10.0.0.2")):
+        assert f"VLLM_HOST_IP={addr}" in b and "--master-addr 10.0.0.1" in b and "--nnodes 2" in b
+        assert "--master-port 29501" in b and "GLOO_SOCKET_IFNAME=" in b
+    assert "--headless" not in head and "--port 8000" in head
