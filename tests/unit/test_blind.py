@@ -35,55 +35,60 @@ def test_what_cannot_be_seen_is_named_with_its_reason() -> None:
 
 def test_blind_59s_no_incident_61s_one_then_resolved_when_seen() -> None:
     [u] = blind.unseen([v(State.IDLE)], [UNREACHABLE])
-    first = blind.rule(1000.0, [u], {}, (), (), AFTER, stalled=False)
+    first = blind.rule(1000.0, [u], {}, (), (), AFTER, frozen_here=False)
     assert first.since == {"node:worker1": 1000.0} and not first.open
-    at59 = blind.rule(1059.0, [u], first.since, (), (), AFTER, stalled=False)
+    at59 = blind.rule(1059.0, [u], first.since, (), (), AFTER, frozen_here=False)
     assert not at59.open and at59.since == first.since  # the onset is kept, not moved
-    at61 = blind.rule(1061.0, [u], at59.since, (), (), AFTER, stalled=False)
+    at61 = blind.rule(1061.0, [u], at59.since, (), (), AFTER, frozen_here=False)
     assert at61.open == (u,)
     # open now: not opened again; sight back: resolved, and nothing left to count
-    assert not blind.rule(1062.0, [u], at61.since, ["node:worker1"], (), AFTER, stalled=False).open
-    back = blind.rule(1070.0, [], at61.since, ["node:worker1"], (), AFTER, stalled=False)
+    assert not blind.rule(1062.0, [u], at61.since, ["node:worker1"], (), AFTER, frozen_here=False).open
+    back = blind.rule(1070.0, [], at61.since, ["node:worker1"], (), AFTER, frozen_here=False)
     assert back.seen == ("node:worker1",) and back.since == {} and not back.open
 
 
 def test_a_blip_shorter_than_blind_after_never_opens_and_starts_again_from_zero() -> None:
     [u] = blind.unseen([v(State.IDLE)], [UNREACHABLE])
-    r = blind.rule(0.0, [u], {}, (), (), AFTER, stalled=False)
-    r = blind.rule(50.0, [], r.since, (), (), AFTER, stalled=False)  # seen again at 50 s
+    r = blind.rule(0.0, [u], {}, (), (), AFTER, frozen_here=False)
+    r = blind.rule(50.0, [], r.since, (), (), AFTER, frozen_here=False)  # seen again at 50 s
     assert r.since == {} and not r.seen
-    r = blind.rule(51.0, [u], r.since, (), (), AFTER, stalled=False)
-    assert not blind.rule(110.0, [u], r.since, (), (), AFTER, stalled=False).open  # 59 s of the second one
-    assert blind.rule(111.0, [u], r.since, (), (), AFTER, stalled=False).open == (u,)
+    r = blind.rule(51.0, [u], r.since, (), (), AFTER, frozen_here=False)
+    assert not blind.rule(110.0, [u], r.since, (), (), AFTER, frozen_here=False).open  # 59 s of the second one
+    assert blind.rule(111.0, [u], r.since, (), (), AFTER, frozen_here=False).open == (u,)
 
 
 def test_paused_keeps_counting_and_opens_once_the_pause_ends() -> None:
     [u] = blind.unseen([v(State.BLIND, "cannot read the page (garbage): no samples")], [])
-    r = blind.rule(0.0, [u], {}, (), (), AFTER, stalled=False, paused=True)
-    assert not blind.rule(300.0, [u], r.since, (), (), AFTER, stalled=False, paused=True).open
-    assert blind.rule(301.0, [u], r.since, (), (), AFTER, stalled=False).open == (u,)
+    r = blind.rule(0.0, [u], {}, (), (), AFTER, frozen_here=False, paused=True)
+    assert not blind.rule(300.0, [u], r.since, (), (), AFTER, frozen_here=False, paused=True).open
+    assert blind.rule(301.0, [u], r.since, (), (), AFTER, frozen_here=False).open == (u,)
 
 
 def test_each_thing_is_followed_on_its_own() -> None:
     page = v(State.BLIND, "cannot read the page (refused): no")
     both = blind.unseen([page], [UNREACHABLE])
     assert [u.what for u in both] == ["page", "node:worker1"]
-    r = blind.rule(0.0, [both[1]], {}, (), (), AFTER, stalled=False)
-    r = blind.rule(30.0, both, r.since, (), (), AFTER, stalled=False)
-    r = blind.rule(60.0, both, r.since, (), (), AFTER, stalled=False)
+    r = blind.rule(0.0, [both[1]], {}, (), (), AFTER, frozen_here=False)
+    r = blind.rule(30.0, both, r.since, (), (), AFTER, frozen_here=False)
+    r = blind.rule(60.0, both, r.since, (), (), AFTER, frozen_here=False)
     assert [u.what for u in r.open] == ["node:worker1"]  # the page has been unseen 30 s only
-    r = blind.rule(95.0, [both[0]], r.since, ["node:worker1"], (), AFTER, stalled=False)
+    r = blind.rule(95.0, [both[0]], r.since, ["node:worker1"], (), AFTER, frozen_here=False)
     assert r.seen == ("node:worker1",) and [u.what for u in r.open] == ["page"]
 
 
 def test_a_stall_here_while_a_node_is_unseen_is_said_once() -> None:
     [u] = blind.unseen([v(State.IDLE)], [UNREACHABLE])
     since = {"node:worker1": 0.0}
-    assert blind.rule(70.0, [u], since, ["node:worker1"], (), AFTER, stalled=True).frozen == ("node:worker1",)
-    assert blind.rule(71.0, [u], since, ["node:worker1"], ["node:worker1"], AFTER, stalled=True).frozen == ()
-    assert blind.rule(72.0, [u], since, ["node:worker1"], (), AFTER, stalled=False).frozen == ()
+    assert blind.rule(70.0, [u], since, ["node:worker1"], (), AFTER, frozen_here=True).frozen == ("node:worker1",)
+    assert blind.rule(71.0, [u], since, ["node:worker1"], ["node:worker1"], AFTER, frozen_here=True).frozen == ()
+    assert blind.rule(72.0, [u], since, ["node:worker1"], (), AFTER, frozen_here=False).frozen == ()
     page = blind.unseen([v(State.BLIND)], [])
-    assert blind.rule(70.0, page, {"page": 0.0}, ["page"], (), AFTER, stalled=True).frozen == ()  # nodes only
+    assert blind.rule(70.0, page, {"page": 0.0}, ["page"], (), AFTER, frozen_here=True).frozen == ()  # nodes only
+
+
+def test_only_a_confirmed_freeze_here_is_said_later() -> None:
+    assert blind.frozen([v(State.FROZEN, stalled=45.0)])
+    assert not blind.frozen([v(State.SUSPECT, stalled=8.0)])  # a stall, said in the blind alert, not a freeze yet
 
 
 @pytest.mark.parametrize(("state", "stalled", "is_stall"), [(State.FROZEN, 45.0, True), (State.SUSPECT, 8.0, True),

@@ -150,11 +150,13 @@ def test_a_stall_after_the_blind_alert_is_said_once_as_blind_frozen(s: Stack) ->
     s.step(State.IDLE, [LOST])
     s.step(State.IDLE, [LOST], advance=61)
     s.step(State.SUSPECT, [LOST], reason="no progress for 6s with work pending (1 running)", stalled=6)
+    assert s.sent() == ["blind"]  # a stall, not yet a freeze
     s.step(State.FROZEN, [LOST], advance=40, reason="no progress for 46s", stalled=46)
+    s.step(State.FROZEN, [LOST], advance=10, reason="no progress for 56s", stalled=56)
     assert s.sent() == ["blind", "blind_frozen"]
     later = s.alerts[1]
     assert later.incident_id == s.alerts[0].incident_id and later.runbook == runbook_link(Runbook.BLIND_NODE)
-    assert says(later.summary, "engine 0", "suspect", "node worker1", "power-cycle", "watchdog reset")
+    assert says(later.summary, "engine 0", "frozen", "46s", "node worker1", "power-cycle", "watchdog reset")
     assert json.loads((s.tmp / "recovery.json").read_text())["blind"][0]["phase"] == "frozen_here"
 
 

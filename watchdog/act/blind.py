@@ -7,7 +7,7 @@ series) and another node of ``[[nodes]]`` (its view ``blind``: no liveness repor
 is followed on its own, keyed ``page`` or ``node:<name>``. Unseen for ``[alerts] blind_after`` seconds, it becomes a
 blind incident (alerted ``blind``); seen again, the incident is ``resolved``. While a node cannot be seen, a stall
 here (the local verdict frozen, or suspect with work pending and no progress) is said with it: "frozen here while
-node X cannot be seen" (alerted ``blind_frozen`` when the stall comes after the blind alert). Nothing here ever
+node X cannot be seen" (alerted ``blind_frozen`` when the freeze is confirmed after the blind alert). Nothing here ever
 restarts: a restart cannot be shown to help what cannot be seen (docs/blind.md).
 """
 
@@ -61,33 +61,39 @@ def unseen(local: Sequence[Verdict], views: Sequence[NodeView]) -> list[Unseen]:
 
 
 def stalls(local: Sequence[Verdict]) -> list[Verdict]:
-    """The local evidence of a stall: frozen, or suspect with work pending and no progress."""
+    """The local evidence of a stall: frozen, or suspect with work pending and no progress (said in a blind alert)."""
     return [v for v in local if v.state == State.FROZEN or (v.state == State.SUSPECT and v.stalled_for > 0)]
+
+
+def frozen(local: Sequence[Verdict]) -> bool:
+    """A freeze here, confirmed by the judge: what a blind node incident says later (``blind_frozen``), once."""
+    return any(v.state == State.FROZEN for v in local)
 
 
 @dataclass(frozen=True, slots=True)
 class SightRuling:
     since: dict[str, float]  # what -> when it was first not seen (kept by the caller for the next pass)
     open: tuple[Unseen, ...] = ()  # unseen for blind_after or longer and no incident yet: open one, alert
-    frozen: tuple[str, ...] = ()  # open node incidents not yet said frozen, now with a stall here: say it
+    frozen: tuple[str, ...] = ()  # open node incidents not yet said frozen, now with a freeze here: say it
     seen: tuple[str, ...] = ()  # open incidents whose thing is seen again: resolve
     now_unseen: tuple[Unseen, ...] = ()  # everything not seen in this pass
 
 
 def rule(now: float, current: Sequence[Unseen], since: Mapping[str, float], incidents: Collection[str],
-         said_frozen: Collection[str], blind_after: float, stalled: bool, paused: bool = False) -> SightRuling:
+         said_frozen: Collection[str], blind_after: float, frozen_here: bool, paused: bool = False) -> SightRuling:
     """One pass of sight, time as data (``now`` and ``since`` on one clock).
 
     ``incidents``: the things with a blind incident open; ``said_frozen``: those of them already alerted as frozen
-    here. While ``paused`` (maintenance: a node rebooted on purpose is expected out of sight) no incident opens, but
-    the time unseen keeps counting, so a node still unseen when the pause ends is alerted at once."""
+    here; ``frozen_here``: the judge calls an engine here frozen. While ``paused`` (maintenance: a node rebooted on
+    purpose is expected out of sight) no incident opens, but the time unseen keeps counting, so a node still unseen
+    when the pause ends is alerted at once."""
     kept = {u.what: since.get(u.what, now) for u in current}
     opened = tuple(u for u in current if u.what not in incidents and now - kept[u.what] >= blind_after
                    and not paused)
-    frozen = tuple(u.what for u in current if stalled and u.node and u.what in incidents
-                   and u.what not in said_frozen)
+    said = tuple(u.what for u in current if frozen_here and u.node and u.what in incidents
+                 and u.what not in said_frozen)
     seen = tuple(w for w in incidents if w not in kept)
-    return SightRuling(kept, opened, frozen, seen, tuple(current))
+    return SightRuling(kept, opened, said, seen, tuple(current))
 
 
 # -- the words ---------------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ class Sight:
         paused, incident = self.r.control.is_paused(wall), self.memory.incident
         open_ = {b.unseen: b for b in self.memory.blind}
         r = blind.rule(mono, current, self.since, open_, [w for w, b in open_.items() if b.phase == FROZEN_HERE],
-                       self.blind_after, bool(blind.stalls(local)), paused)
+                       self.blind_after, blind.frozen(local), paused)
         self.since, self.current = r.since, r.now_unseen
         for what in r.seen:
             self._resolve(open_[what], local, wall)
@@ -80,7 +80,7 @@ class Sight:
         inc = Incident(incident_id(since, self.stack, engine, "blind", secrets.token_hex(2)), engine, "blind", since,
                        unseen=u.what)
         stalled = bool(u.node and blind.stalls(local))
-        inc.phase = FROZEN_HERE if stalled else "open"
+        inc.phase = FROZEN_HERE if u.node and blind.frozen(local) else "open"  # else a freeze is said when confirmed
         other = incident.id if incident is not None else ""
         inc.reason = blind.summary(u, local, iso(since), wall - since, other)
         self.memory.blind.append(inc)
@@ -88,9 +88,10 @@ class Sight:
         log.warning("blind incident %s: %s", inc.id, inc.reason)
         details: dict[str, Any] = {
             "kind": "blind", "unseen": u.name, "why": u.why, "since": iso(since), "blind_for": round(wall - since, 1),
-            "node": u.node or None, "here": blind.here(local), "frozen_here": stalled,
+            "node": u.node or None, "here": blind.here(local), "stalled_here": stalled,
+            "frozen_here": inc.phase == FROZEN_HERE,
             "incident": other or None, "incident_kind": incident.kind if incident is not None else None}
-        self.event(inc, "incident_opened", reason=inc.reason, unseen=u.what, why=u.why, frozen_here=stalled)
+        self.event(inc, "incident_opened", reason=inc.reason, unseen=u.what, why=u.why, stalled_here=stalled)
         self.alert(inc, "blind", inc.reason, details, state="blind", runbook=u.runbook)
 
     def _frozen(self, inc: Incident, u: blind.Unseen, local: Sequence[Verdict], wall: float) -> None:

@@ -43,7 +43,8 @@ class StatusFile:
         True when the file was rewritten."""
         seen = (tuple((v.engine, v.state, v.since) for v in verdicts), repr(status["incident"]), status["paused"],
                 status["budget_left"], status["recovery"] and status["recovery"]["phase"],
-                deadlines and deadlines.get("warning"))
+                deadlines and deadlines.get("warning"),
+                tuple((b.get("what"), b.get("incident")) for b in status.get("blind") or ()))  # a blind incident
         if seen == self._seen and now - self._written < (STATUS_CALM_EVERY if calm(verdicts) else STATUS_EVERY):
             if now - self._touched >= STATUS_TOUCH_EVERY:
                 self._touched = now
