@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.facts import says
+from tests.facts import line_of, says
 from tests.fakes import EngineModel, fake_engine
 from tests.harness.server import free_port
 from tests.harness.sshnode import SshNode
@@ -118,6 +118,9 @@ def test_a_node_cut_off_is_alerted_by_name_said_with_a_freeze_here_and_resolved_
                 iid = blind["incident_id"]
                 status = json.loads((w.state_dir / "status.json").read_text())
                 assert [(b["what"], b["incident"]) for b in status["blind"]] == [("node:worker1", iid)]
+                shown = subprocess.run([sys.executable, "-m", "watchdog", "status", "--state-dir", str(w.state_dir)],
+                                       capture_output=True, text=True, timeout=60, check=False).stdout
+                assert says(line_of(shown, "blind:"), "node worker1", "not seen for", iid), shown
                 with model.lock:
                     model.running = 3  # work pending here, nothing moves: frozen here while the node is unseen
                 frozen = wait("frozen here said", lambda: sent(receiver, "blind_frozen", iid), 30, w, receiver)

@@ -185,4 +185,7 @@ def load_status(state_dir: Path, now: float) -> dict[str, Any] | None:
     rec = status.get("recovery")
     if isinstance(rec, dict) and isinstance(rec.get("since"), int | float):
         rec["seconds"] = round(max(0.0, now - rec["since"]), 1)
+    for b in status.get("blind") or []:  # what cannot be seen, counted from when sight was lost
+        if isinstance(b, dict) and isinstance(b.get("since"), int | float):
+            b["seconds"] = round(max(0.0, now - b["since"]), 1)
     return status

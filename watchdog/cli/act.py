@@ -108,6 +108,9 @@ def cmd_status(cfg: Config, args: argparse.Namespace) -> int:
               + (f", bundle {inc['bundle']}" if inc.get("bundle") else ""))
     else:
         print("incident: none open")
+    for b in s.get("blind") or []:  # what the watchdog cannot see (a blind incident once it lasts: docs/blind.md)
+        print(f"blind: {b['unseen']} not seen for {b['seconds']:.0f}s: {b['why']}"
+              + (f" (incident {b['incident']})" if b.get("incident") else ""))
     rec = s.get("recovery")
     if rec:
         print(f"recovery: {rec['phase']} for {rec['seconds']:.0f}s, {rec['tries']} tries, last: {rec['last_try']}")
