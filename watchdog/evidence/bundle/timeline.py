@@ -143,6 +143,11 @@ def suspected_at(events: Sequence[dict[str, Any]], engine: str | None, incident:
     return _t(first) if first.get("to") == "suspect" else None
 
 
+def _counters(reading: dict[str, Any]) -> dict[str, float]:
+    raw = reading.get("counters")
+    return {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float)} if isinstance(raw, dict) else {}
+
+
 def stall(scrapes: Sequence[dict[str, Any]], engine: str | None, created: float | None, suspect_t: float | None,
           suspect_after: float | None) -> Stall:
     """How long nothing moved on the page before the capture (see the module's doc)."""
@@ -161,8 +166,8 @@ def stall(scrapes: Sequence[dict[str, Any]], engine: str | None, created: float 
         last = seen[-1][1]
         moved = None
         for (_, a), (t, b) in pairwise(seen):
-            ca, cb = a.get("counters") or {}, b.get("counters") or {}
-            if any(isinstance(cb.get(k), int | float) and cb[k] > (ca.get(k) or 0) for k in cb):
+            ca, cb = _counters(a), _counters(b)
+            if any(v > ca.get(k, 0.0) for k, v in cb.items()):
                 moved = t
         nums = [last.get(k) if isinstance(last.get(k), int | float) else None for k in ("running", "waiting", "kv")]
         if moved is not None and created is not None:

@@ -132,7 +132,7 @@ def _topology(procs: list[_Proc], m: dict[str, Any]) -> tuple[str, list[str]]:
             "" if entry.get("reachable", True) else ", NOT REACHED")
         lines.append(f"- {where}: {', '.join(here) or 'no engine process found'}{held}")
     runs = {str(s).split()[0] for s in [m.get("log_source"), *(_d(e).get("log_source") for e in
-                                                               _d(m.get("nodes")).values())] if s}
+                                                               _d(m.get("nodes")).values())] if str(s or "").split()}
     kinds = {"docker": "a Docker container", "journalctl": "a systemd unit"}
     said = sorted(kinds.get(r, "a process logging to a file") for r in runs)
     if said:
@@ -183,7 +183,7 @@ def _page(files: BundleFiles, engine: str | None, st: Stall) -> list[str]:
     if files.metrics_page:
         try:
             engines = read_page(files.metrics_page).engines
-        except PageError:
+        except (PageError, ValueError):
             engines = {}
         e = engines.get(engine or "") or (next(iter(engines.values())) if len(engines) == 1 else None)
         if e is not None:
