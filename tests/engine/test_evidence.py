@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from tests.facts import line_of, says
 from tests.harness.faults import frozen
-from tests.harness.load import BackgroundRequest, LoadGenerator, calibrated_tokens, long_prompt
+from tests.harness.load import DEFAULT_PROMPT, BackgroundRequest, LoadGenerator, calibrated_tokens, long_prompt
 from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
 
@@ -117,6 +118,21 @@ def test_daemon_writes_exactly_one_complete_bundle_on_a_freeze(
     assert {"VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"} <= set(by_title(m))
     assert m["capture_complete"]
     assert len(list((bundle.parent).iterdir())) == 1  # one bundle, no partial directory
+    # the upstream bug report of this bundle, by the real CLI: the stopped rank named, every process's deciding
+    # stack, the timeline; nothing of the prompts, addresses or this machine's directories
+    r = subprocess.run([sys.executable, "-m", "watchdog", "show", m["id"], "--upstream", "--config", str(w.config),
+                        "--state-dir", str(w.state_dir)], capture_output=True, text=True, timeout=60, check=False,
+                       start_new_session=True)
+    assert r.returncode == 0, r.stderr
+    report = r.stdout
+    assert says(line_of(report, "- culprit:"), "Worker_TP1", "stopped"), report
+    for name in ("EngineCore", "Worker_TP0 (TP 0)", "Worker_TP1 (TP 1)"):
+        assert f"#### {name}\n" in report, name
+    assert says(line_of(report, "#### Worker_TP1"), "TP 1") and says(line_of(report, "class **stopped**"), "state T")
+    assert says(line_of(report, "- vLLM:"), m["versions"]["vllm"]) and says(line_of(report, "parallelism"), "TP=2")
+    assert says(line_of(report, "-> **suspect**"), "suspect") and says(line_of(report, "-> **frozen**"), "frozen")
+    secret = [DEFAULT_PROMPT, "127.0.0.1", str(w.state_dir), str(Path.home()) + "/", str(Path(sys.prefix))]
+    assert not [s for s in secret if s in report], [s for s in secret if s in report]
 
 
 def test_giant_prefill_step_is_suspected_then_cleared_by_the_stacks(
