@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.facts import line_of, says
+from tests.facts import clause_of, line_of, says
 from tests.harness.faults import frozen
 from tests.harness.load import DEFAULT_PROMPT, BackgroundRequest, LoadGenerator, calibrated_tokens, long_prompt
 from tests.harness.server import VllmServer
@@ -106,6 +106,10 @@ def test_daemon_writes_exactly_one_complete_bundle_on_a_freeze(
             # deadlines, not measures (detection latency is bench/bench_engine.py's): the reason says who decided
             event = w.wait_for_state("frozen", 60 + 30, after=stopped)
             assert "stacks confirm" in event["reason"], event  # confirmed by stacks, not by the 60 s window
+            # the verdict says what happened from the cause down: the stopped rank first, then who waits for it
+            said = event["reason"]
+            assert says(clause_of(said, "Worker_TP1"), "stopped"), said
+            assert said.index("Worker_TP1") < min(said.index("Worker_TP0"), said.index("EngineCore")), said
             first = w.wait_event("evidence_captured", 60)
             time.sleep(5)  # still frozen: no second bundle for the same freeze
         w.wait_for_state("working", 60, after=event_time(event))
@@ -118,6 +122,12 @@ def test_daemon_writes_exactly_one_complete_bundle_on_a_freeze(
     assert {"VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"} <= set(by_title(m))
     assert m["capture_complete"]
     assert len(list((bundle.parent).iterdir())) == 1  # one bundle, no partial directory
+    # the bundle opens with that headline and the runbook of this cause; the alert and the event carry both
+    assert m["headline"].startswith("Worker_TP1") and m["runbook"] == "frozen-stopped-rank", m["headline"]
+    assert (m["culprit"], m["culprit_node"]) == ("Worker_TP1", "local")
+    summary = [line for line in (bundle / "summary.md").read_text().splitlines() if line.strip()]
+    assert summary[1] == f"**{m['headline']}**" and summary[2] == "Runbook: runbooks/frozen-stopped-rank.md", summary
+    assert (captured[0]["headline"], captured[0]["runbook"]) == (m["headline"], m["runbook"])
     # the upstream bug report of this bundle, by the real CLI: the stopped rank named, every process's deciding
     # stack, the timeline; nothing of the prompts, addresses or this machine's directories
     r = subprocess.run([sys.executable, "-m", "watchdog", "show", m["id"], "--upstream", "--config", str(w.config),
