@@ -57,7 +57,7 @@ class Closable:
 def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
     FakeRemote.built.clear()
     p = tmp_path / "w.toml"
-    p.write_text('[engine]\nurl = "http://127.0.0.1:9"\n[gpu]\nenabled = false\n' + NODE)
+    p.write_text('[engine]\nurl = "http://127.0.0.1:9"\n[gpu]\nenabled = false\n[exporter]\nport = 0\n' + NODE)
     return load(p)
 
 
