@@ -1,7 +1,7 @@
 # ruff: noqa: PLC0415 - torch/cupy are imported only by the ranks that use them; the server binds loopback
 """A two-GPU tensor-parallel "engine" that looks like vLLM to the watchdog, and can be wedged (issue 10).
 
-    python3 device/tp2_engine.py serve --dir DIR --port PORT [--seconds N] [--fake]
+    python3 device/tp2_engine.py serve --dir DIR --port PORT [--ranks N] [--seconds N] [--fake]
 
 ``serve`` is the API-server-like parent (titled ``VLLM::APIServer``): it listens on PORT and serves a vLLM-style
 ``/metrics`` page (engine="0", running 1, waiting 0, ``vllm:generation_tokens_total`` = the ranks' common step
@@ -16,6 +16,8 @@ on its stream, then waits for the device (``torch.cuda.synchronize``, as a data-
 step does): it never reaches the next ``all_reduce``, which its peer has entered and waits in. ``DIR/release``
 sets the flag (the spin also ends by its own deadline, ``%globaltimer``); ``DIR/stop`` or ``--seconds`` ends all.
 ``--fake``: no GPU, no torch (the ranks sleep instead): to try the watchdog path on a machine without a GPU.
+``--ranks 1`` (issue 19): one rank, ``VLLM::Worker_TP0``, alone in its one-rank NCCL group; wedged, it waits on its
+own GPU's spinning kernel with no peer to wait for it.
 """
 
 from __future__ import annotations
@@ -65,12 +67,13 @@ def log(d: Path, who: str, msg: str) -> None:
 class Steps:
     """Each rank's step count, int64 at offset 8*rank of DIR/steps (a shared mapping the server reads)."""
 
-    def __init__(self, d: Path, create: bool = False) -> None:
+    def __init__(self, d: Path, create: bool = False, ranks: int = 2) -> None:
         path = d / "steps"
+        self.ranks = ranks
         if create:
-            path.write_bytes(b"\0" * 16)
+            path.write_bytes(b"\0" * 8 * ranks)
         self.f = open(path, "r+b")  # noqa: SIM115 - held for the process's life
-        self.m = mmap.mmap(self.f.fileno(), 16)
+        self.m = mmap.mmap(self.f.fileno(), 8 * ranks)
 
     def set(self, rank: int, n: int) -> None:
         self.m[8 * rank: 8 * rank + 8] = n.to_bytes(8, "little")
@@ -79,7 +82,7 @@ class Steps:
         return int.from_bytes(self.m[8 * rank: 8 * rank + 8], "little")
 
     def common(self) -> int:
-        return min(self.get(0), self.get(1))
+        return min(self.get(r) for r in range(self.ranks))
 
 
 def page(steps: int, started: float) -> str:
@@ -105,7 +108,7 @@ def serve(a: argparse.Namespace) -> None:
     d: Path = a.dir
     d.mkdir(parents=True, exist_ok=True)
     (d / "fr").mkdir(exist_ok=True)
-    steps = Steps(d, create=True)
+    steps = Steps(d, create=True, ranks=a.ranks)
     started = time.time()
     env = dict(os.environ, **NVLS_OFF, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port + 1000),
                TORCH_FR_BUFFER_SIZE="2000", TORCH_NCCL_DEBUG_INFO_PIPE_FILE=f"{d}/fr/pipe_",
@@ -113,9 +116,9 @@ def serve(a: argparse.Namespace) -> None:
                NCCL_RAS_ENABLE="1", PYTHONUNBUFFERED="1",
                SPT_NOENV="1")  # setproctitle must not clobber /proc/PID/environ: the watchdog reads FR settings there
     ranks = [subprocess.Popen([sys.executable, __file__, "rank", "--dir", str(d), "--rank", str(r),
-                               "--seconds", str(a.seconds), *(["--fake"] if a.fake else [])], env=env,
-                              stdout=open(d / f"rank{r}.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
-             for r in (0, 1)]
+                               "--seconds", str(a.seconds), "--ranks", str(a.ranks), *(["--fake"] if a.fake else [])],
+                              env=env, stdout=open(d / f"rank{r}.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
+             for r in range(a.ranks)]
     log(d, "server", f"ranks {[p.pid for p in ranks]} started; server pid {os.getpid()}")
 
     class Handler(BaseHTTPRequestHandler):
@@ -164,7 +167,7 @@ def serve(a: argparse.Namespace) -> None:
     while time.monotonic() < end and not (d / "stop").exists() and all(p.poll() is None for p in ranks):
         time.sleep(0.2)
     (d / "stop").touch()
-    log(d, "server", f"stopping; ranks {[p.poll() for p in ranks]}; steps {steps.get(0)} {steps.get(1)}")
+    log(d, "server", f"stopping; ranks {[p.poll() for p in ranks]}; steps {[steps.get(r) for r in range(a.ranks)]}")
     for p in ranks:
         try:
             p.wait(20)
@@ -179,7 +182,7 @@ def rank_main(a: argparse.Namespace) -> None:
     r: int = a.rank
     title(f"VLLM::Worker_TP{r}")
     d: Path = a.dir
-    steps = Steps(d)
+    steps = Steps(d, ranks=a.ranks)
     end = time.monotonic() + a.seconds
     if a.fake:
         n = 0
@@ -194,17 +197,17 @@ def rank_main(a: argparse.Namespace) -> None:
             steps.set(r, n)
             time.sleep(0.01)
         return
-    decode_loop(d, r, steps, end, a.spin_seconds)
+    decode_loop(d, r, steps, end, a.spin_seconds, a.ranks)
 
 
-def decode_loop(d: Path, r: int, steps: Steps, end: float, spin_seconds: float) -> None:
+def decode_loop(d: Path, r: int, steps: Steps, end: float, spin_seconds: float, world: int = 2) -> None:
     import cupy as cp
     import numpy as np
     import torch
     import torch.distributed as dist
 
     torch.cuda.set_device(r)
-    dist.init_process_group("nccl", rank=r, world_size=2, device_id=torch.device("cuda", r))
+    dist.init_process_group("nccl", rank=r, world_size=world, device_id=torch.device("cuda", r))
     log(d, f"rank{r}", f"pid {os.getpid()} group up on cuda:{r}; env FR={os.environ.get('TORCH_FR_BUFFER_SIZE')}")
     w = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(4)]
     h = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
@@ -256,6 +259,7 @@ def main() -> None:
     ap.add_argument("--dir", required=True, type=Path)
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--ranks", type=int, default=2, help="ranks in the group (1: one GPU, one-rank NCCL group)")
     ap.add_argument("--seconds", type=float, default=180.0)
     ap.add_argument("--spin-seconds", type=float, default=150.0)
     ap.add_argument("--fake", action="store_true")

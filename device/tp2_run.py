@@ -1,12 +1,13 @@
 # ruff: noqa: SIM105, PLC0415, S607 - a driver: best-effort ends of its own process groups, lazy watchdog import, nvidia-smi from PATH
 """Drive issue 10's device run: the two-GPU TP "engine" (device/tp2_engine.py) watched by the real `watchdog run`.
 
-    python3 device/tp2_run.py --out DIR [--only healthy,wedge1,wedge0] [--fake]
+    python3 device/tp2_run.py --out DIR [--only healthy,wedge1,wedge0] [--ranks N] [--fake]
 
 Per scenario: start the engine (own process group), wait for its page to count steps, start `watchdog run` (own
 process group) with fast thresholds and GPU evidence on, watch it healthy for a while; for ``wedgeN`` make rank N
 spin and wait for the watchdog's bundle; ask RAS ourselves during the wedge; release, stop. Everything started here
-is ended here by its process group id. Everything lands under DIR/<scenario>/.
+is ended here by its process group id. Everything lands under DIR/<scenario>/. ``--ranks 1 --only wedge0``
+(issue 19): one rank alone in its NCCL group, spinning on its own GPU after some seconds of real work.
 """
 
 from __future__ import annotations
@@ -93,15 +94,16 @@ def bundles(state: Path) -> list[Path]:
     return sorted(p for p in inc.iterdir() if not p.name.startswith(".")) if inc.is_dir() else []
 
 
-def scenario(name: str, root: Path, port: int, fake: bool, pyspy: str) -> dict[str, object]:
+def scenario(name: str, root: Path, port: int, fake: bool, pyspy: str, ranks: int = 2) -> dict[str, object]:
     d = root / name
     d.mkdir(parents=True, exist_ok=True)
     state = d / "state"
     state.mkdir(exist_ok=True)
     (d / "watchdog.toml").write_text(CONFIG.format(port=port, state=state))
-    meta: dict[str, object] = {"scenario": name, "port": port}
+    meta: dict[str, object] = {"scenario": name, "port": port, "ranks": ranks}
     engine = subprocess.Popen([sys.executable, str(REPO / "device/tp2_engine.py"), "serve", "--dir", str(d / "engine"),
-                               "--port", str(port), "--seconds", "240", *(["--fake"] if fake else [])],
+                               "--port", str(port), "--seconds", "240", "--ranks", str(ranks),
+                               *(["--fake"] if fake else [])],
                               stdout=open(d / "engine.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
                               start_new_session=True)
     wd: subprocess.Popen[bytes] | None = None
@@ -164,11 +166,12 @@ def main() -> None:
     ap.add_argument("--only", default="wedge0,healthy,wedge1")
     ap.add_argument("--fake", action="store_true")
     ap.add_argument("--pyspy", default="py-spy")
+    ap.add_argument("--ranks", type=int, default=2)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     metas = []
     for i, name in enumerate(a.only.split(",")):
-        metas.append(scenario(name, a.out, 8201 + i, a.fake, a.pyspy))
+        metas.append(scenario(name, a.out, 8201 + i, a.fake, a.pyspy, a.ranks))
         (a.out / "run-meta.json").write_text(json.dumps(metas, indent=2))
 
 

@@ -269,7 +269,7 @@ class Daemon:
             return
         now, wall = watcher.clock(), time.time()
         for tr in transitions:
-            self.evidence.on_transition(tr, now, wall)
+            self.evidence.on_transition(tr, now, wall, self._stalled_since(watcher, tr.engine))
         for engine in watcher.judge.wants_stacks(now):
             self.evidence.check(engine, "looking at the stacks again", now)
         for out in self.evidence.collect(now):
@@ -278,10 +278,19 @@ class Daemon:
                 fed = watcher.feed(out.observation)
                 self._report(watcher, fed)
                 for tr in fed:
-                    self.evidence.on_transition(tr, watcher.clock(), time.time())
+                    self.evidence.on_transition(tr, watcher.clock(), time.time(),
+                                                self._stalled_since(watcher, tr.engine))
             if self.act is not None and out.incident is not None:
                 i = out.incident
                 self.act.stacks(i.engine, i.decision.value if i.decision else None, i.bundle, i.details, i.final)
+
+    @staticmethod
+    def _stalled_since(watcher: Watcher, engine: str) -> float | None:
+        """Wall time the judge's stall of ``engine`` began (its last progress, or work pending since), None when
+        it sees no stall: a freeze's GPU states are read from there to the capture."""
+        tr = watcher.judge.tracks.get(engine)
+        start = tr.stall_start if tr is not None else None
+        return watcher.wall_of(start) if start is not None else None
 
     def _incident_for(self, engine: str, wall: float) -> str:
         """The id for a freeze's bundle: the engine's incident, opened now or on the next pass with this id."""

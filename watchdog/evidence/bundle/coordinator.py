@@ -53,7 +53,8 @@ class EvidenceCoordinator:
     _checking: set[str] = field(default_factory=set)  # engines with a check in flight
     _bundled: set[str] = field(default_factory=set)  # engines whose current freeze has (or awaits) its bundle
 
-    def on_transition(self, tr: Transition, now: float, wall: float) -> None:
+    def on_transition(self, tr: Transition, now: float, wall: float, stalled_since: float | None = None) -> None:
+        """``stalled_since``: wall time of the last progress the judge saw (a freeze's GPU readings start there)."""
         if tr.to_state not in (State.SUSPECT, State.FROZEN):
             self._checking.discard(tr.engine)
             self._bundled.discard(tr.engine)
@@ -64,7 +65,7 @@ class EvidenceCoordinator:
             self._bundled.add(tr.engine)
             # the capture that confirmed (or was taken during) this suspicion is this freeze's evidence
             self.runner.request(EvidenceJob(tr.engine, tr.to_state.value, tr.reason, True, now - self.stall_window,
-                                            self.incident_for(tr.engine, wall)))
+                                            self.incident_for(tr.engine, wall), stalled_since))
 
     def check(self, engine: str, reason: str, now: float) -> None:
         """Ask for a check of the stacks (one in flight per engine)."""

@@ -109,8 +109,9 @@ class Investigator:
         return frozenset(p.pid for p in processes if p.pid in held)
 
     def write(self, incident: str, engine: str, state: str, reason: str, evidence: Evidence,
-              root: Path | None = None) -> Path:
-        """The bundle of incident ``incident`` (its one id names the directory)."""
+              root: Path | None = None, stalled_since: float | None = None) -> Path:
+        """The bundle of incident ``incident`` (its one id names the directory). ``stalled_since``: wall time of
+        the last progress the judge saw, the start of the window the GPUs' states are read over."""
         c = self.cfg.capture
         page, problem = fetch_metrics_page(self.http)
         context = gather(self.http, page, LogSource(c.log_file, c.journal_unit, c.docker_container, c.log_lines),
@@ -125,8 +126,8 @@ class Investigator:
         root = root or self.incidents_dir
         # on a GPU host: NVML around the freeze, RAS, every rank's Flight Recorder (bounded), before any restart
         since = wall - self.cfg.judge.stall_window - evidence.seconds
-        gpu = (gather_gpu(evidence.capture.processes, self.gpu, self.cfg.gpu, since, freeze=True, now=wall)
-               if self.gpu is not None else None)
+        gpu = (gather_gpu(evidence.capture.processes, self.gpu, self.cfg.gpu, since, freeze=True, now=wall,
+                          stalled_since=stalled_since) if self.gpu is not None else None)
         path = write_bundle(root, inc, evidence.capture, evidence.findings, context, gpu,
                             self.cfg.alerts.runbook_base)
         removed = prune(root, self.cfg.incidents.max_count, self.cfg.incidents.max_bytes)
@@ -143,6 +144,7 @@ class EvidenceJob:
     bundle: bool  # write an incident bundle (a freeze), or only check the stacks (a suspicion)
     reuse_after: float  # a capture of this engine started after this (monotonic) may serve instead of a new one
     incident: str = ""  # the incident whose bundle this is (bundle jobs only)
+    stalled_since: float | None = None  # wall time of the last progress seen (bundle jobs): the GPUs' window
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +203,8 @@ class EvidenceRunner:
         if not job.bundle:
             return EvidenceDone(job, started, evidence, None)
         try:
-            path = self.investigator.write(job.incident, job.engine, job.state, job.reason, evidence)
+            path = self.investigator.write(job.incident, job.engine, job.state, job.reason, evidence,
+                                           stalled_since=job.stalled_since)
         except BundleError as e:
             log.error("%s", e)
             return EvidenceDone(job, started, evidence, None, str(e))

@@ -9,7 +9,8 @@ power (rank 1's spin, rank 0's NCCL kernel waiting for its peer). What names the
 1. the Flight Recorder: a rank that never entered the collective the others entered;
 2. NCCL RAS: a rank that launched fewer operations than the others;
 3. stacks with power: a rank waiting on its own device (device_wait, no collective frame) with its GPU spinning,
-   while its peers are in a collective or blocked launching more work behind one.
+   while its peers are in a collective or blocked launching more work behind one; or the only GPU rank there is
+   (TP=1, a one-rank group: issue 19), waiting on its own device while that GPU spins.
 
 Each source that names a rank is listed; when they disagree the strongest wins and the disagreement is said.
 """
@@ -98,7 +99,8 @@ def gpu_culprit(ranks: Sequence[RankView], ras: RasStatus | None = None,
         named["nccl_ras"] = late
     stuck = [v for v in ranks if _stuck_in_kernel(v) and v.gpu in (GpuState.SPINNING, None)]
     waiting = [v for v in ranks if _peer_waits(v)]
-    if len(stuck) == 1 and waiting and stuck[0].rank is not None:
+    alone = len(ranks) == 1 and len(stuck) == 1 and stuck[0].gpu is GpuState.SPINNING  # no peer can wait for it
+    if len(stuck) == 1 and (waiting or alone) and stuck[0].rank is not None:
         named["stacks+power"] = [stuck[0].rank]
     if not named:
         return GpuCulprit(None, None, "no rank is named by the Flight Recorder, NCCL RAS or stacks with power.")

@@ -2,8 +2,10 @@
 
 ``gather_gpu`` takes the engine's processes, an NVML ``GpuMonitor`` (or None) and the [gpu] settings; it asks RAS
 (bounded), triggers every rank's Flight Recorder (bounded by ``fr_settle``, before anything is restarted) and
-reads the GPU samples around the freeze. ``write_gpu_files`` puts it into a bundle directory: ``gpu.jsonl``
-(timeline), ``gpu.md`` (one line per GPU, RAS and recorder verdicts), ``nccl-ras.txt``, ``flight-recorder-rank<N>``.
+reads the GPU samples around the freeze: the timeline from a minute before, each GPU's state over the stall alone
+(from the last progress the judge saw to the capture; the samples from before it would mix the work with the
+hang). ``write_gpu_files`` puts it into a bundle directory: ``gpu.jsonl`` (timeline), ``gpu.md`` (one line per
+GPU, the window they were read over, RAS and recorder verdicts), ``nccl-ras.txt``, ``flight-recorder-rank<N>``.
 Nothing here raises for a missing GPU, RAS or recorder: each absence is a line in ``problems``.
 """
 
@@ -14,6 +16,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from watchdog.config.gpu import GpuSection, ras_host_port
@@ -24,7 +27,15 @@ from watchdog.evidence.gpu.fr_trigger import config_of, trigger
 from watchdog.evidence.gpu.nccl_ras import query_ras
 from watchdog.evidence.gpu.nvml import GpuMonitor
 from watchdog.evidence.gpu.ras_status import RasStatus, parse_ras
-from watchdog.evidence.gpu.readings import GpuReading, GpuSample, GpuThresholds, attach_ranks, read_all, summary_line
+from watchdog.evidence.gpu.readings import (
+    GpuReading,
+    GpuSample,
+    GpuThresholds,
+    attach_ranks,
+    read_all,
+    read_stall,
+    summary_line,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +49,15 @@ class GpuEvidence:
     fr_verdict: str = ""
     fr_seconds: float = 0.0
     problems: tuple[str, ...] = ()
+    window: tuple[float, float] | None = None  # wall times the readings were judged over
+    window_from: str = ""  # what the window's start is ("the last progress seen", ...)
 
     def lines(self) -> list[str]:
         out = [summary_line(r) for r in self.readings]
+        if self.window is not None and self.readings:
+            a, b = self.window
+            out.append(f"GPU states read from {_hms(a)} ({self.window_from}) to {_hms(b)} UTC, {b - a:.1f} s; "
+                       f"the timeline (gpu.jsonl) starts a minute earlier")
         if self.ras is not None:
             out.append(self.ras.verdict())
         out.extend(s.line() for s in self.fr)
@@ -50,19 +67,33 @@ class GpuEvidence:
         return out
 
 
+def _hms(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).strftime("%H:%M:%S.%f")[:-5]
+
+
 def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, cfg: GpuSection,
-               since: float, freeze: bool, now: float | None = None) -> GpuEvidence:
-    """``since``: wall time the suspicion began (the timeline starts a little before it)."""
+               since: float, freeze: bool, now: float | None = None,
+               stalled_since: float | None = None) -> GpuEvidence:
+    """``since``: wall time the readings start when no stall start is known (the timeline starts a minute before
+    it). ``stalled_since``: the wall time of the last progress the judge saw: each GPU's state is read over the
+    stall alone, (stalled_since, now], and the timeline starts a minute before the earlier of the two."""
     problems: list[str] = []
     end = now if now is not None else time.time()
     samples: list[GpuSample] = []
     readings: list[GpuReading] = []
+    window: tuple[float, float] | None = None
+    start = min(since, stalled_since) if stalled_since is not None else since
     if monitor is None or monitor.unavailable:
         problems.append(f"GPU evidence unavailable: {monitor.unavailable if monitor else 'no GPU sampler'}")
     else:
-        samples = monitor.window(since - 60.0, end)
+        samples = monitor.window(start - 60.0, end)
         th = GpuThresholds(busy_util=cfg.busy_util, spin_power_fraction=cfg.spin_power_fraction)
-        readings = attach_ranks(read_all(samples, since, end, th), processes)
+        if stalled_since is not None:
+            window = (stalled_since, end)
+            readings = attach_ranks(read_stall(samples, stalled_since, end, th), processes)
+        else:
+            window = (since, end)
+            readings = attach_ranks(read_all(samples, since, end, th), processes)
     ras_text, ras = "", None
     if cfg.ras:
         host, port = ras_host_port(cfg.ras_address)
@@ -93,7 +124,9 @@ def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, c
                     problems.append(f"Flight Recorder rank {r.rank}: {why} (its bytes are kept in the bundle)")
         verdict = cross_rank_fr(summaries)
     return GpuEvidence(tuple(samples), tuple(readings), ras_text, ras, dumps, tuple(summaries), verdict, fr_seconds,
-                       tuple(dict.fromkeys(problems)))
+                       tuple(dict.fromkeys(problems)), window,
+                       "the last progress seen" if stalled_since is not None else "no stall start known: the window "
+                       "before the capture")
 
 
 def _summary(data: bytes, rank: int) -> tuple[FrSummary | None, str]:

@@ -174,6 +174,15 @@ def read_all(samples: Iterable[GpuSample], since: float, until: float,
     return [read_gpu(sorted(v, key=lambda s: s.t), th) for _, v in sorted(by_gpu.items())]
 
 
+def read_stall(samples: Iterable[GpuSample], stalled_since: float, until: float,
+               th: GpuThresholds = GpuThresholds()) -> list[GpuReading]:
+    """Every GPU's reading over a stall: the samples stamped after ``stalled_since`` (the last progress the judge
+    saw) up to ``until`` (the capture). A sample stamped at the last progress itself is left out: NVML's figures
+    describe the period that ends at the reading, the work before the stall. Samples from before the stall would
+    mix the work with the hang (utilisation busy in some samples, idle in others: "mixed")."""
+    return read_all([s for s in samples if s.t > stalled_since], stalled_since, until, th)
+
+
 def attach_ranks(readings: Sequence[GpuReading], processes: Sequence[EngineProcess]) -> list[GpuReading]:
     """Name the engine processes (by pid) that hold each GPU's memory."""
     labels = {p.pid: p.label for p in processes}
