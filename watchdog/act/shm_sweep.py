@@ -1,39 +1,56 @@
 """The restart's /dev/shm check, one sweeper per node (see `watchdog.act.restart`): list the stale segments a dead
 engine left (``psm_*``, ``sem.mp-*`` that no process has open or mapped: `watchdog.nodes.shm`) and remove them
 where configured. On this host directly (``restart.remove_shm``); on another node through its agent's ``shm``
-verb (the node's ``remove_shm``; its agent must allow removing too). Never raises: a failure is in the report."""
+verb (the node's ``remove_shm``; its agent must allow removing too). Never raises: a failure is in the report.
+
+With ``[capture] docker_container`` named, this host's check looks in that container's own ``/dev/shm`` (through
+its init process's ``/proc/PID/root``) when the container runs in another mount namespace; a container that is not
+running has no /dev/shm of its own left, and the host's is checked (``--ipc=host`` segments live there)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from watchdog.act.restart import ShmReport
 from watchdog.config.load import Config
 from watchdog.config.nodes import LOCAL
-from watchdog.nodes.shm import Segment, shm_segments
+from watchdog.evidence.collect.capture import run_argv
+from watchdog.evidence.collect.proxy import container_pid
+from watchdog.host.ns_paths import root_of
+from watchdog.nodes.shm import Segment, remove_segment, shm_segments
 from watchdog.nodes.transport import NodeError, NodeLink
 
 
+def container_root(name: str) -> Callable[[], str | None]:
+    """The root of container ``name``'s init process when it runs in another mount namespace (None: use ours)."""
+    def root() -> str | None:
+        pid, _ = container_pid(name, run_argv)
+        return root_of(pid)
+    return root
+
+
 class LocalShm:
-    """This host's /dev/shm."""
+    """This host's /dev/shm, or the engine container's (``root``: where the engine's paths are, None for ours)."""
 
     def __init__(self, remove: bool, shm_dir: str = "/dev/shm",  # noqa: S108 - POSIX shared memory
-                 segments: Callable[[str], list[Segment]] = shm_segments) -> None:
-        self.remove, self.shm_dir, self.segments = remove, shm_dir, segments
+                 segments: Callable[[str, str | None], list[Segment]] = shm_segments,
+                 root: Callable[[], str | None] = lambda: None) -> None:
+        self.remove, self.shm_dir, self.segments, self.root = remove, shm_dir, segments, root
 
     def __call__(self) -> ShmReport:
+        root = self.root()
+        where = self.shm_dir if root is None else f"{self.shm_dir} (under {root})"
         try:
-            segs = self.segments(self.shm_dir)
+            segs = self.segments(self.shm_dir, root)
         except OSError as e:
-            return ShmReport(LOCAL, error=f"cannot list {self.shm_dir}: {e}")
+            return ShmReport(LOCAL, error=f"cannot list {where}: {e}")
         stale = tuple((s.name, s.size) for s in segs if s.stale)
         removed, errors = [], []
         for s in segs:
             if self.remove and s.stale:
                 try:
-                    os.unlink(s.path)
+                    remove_segment(s)
                     removed.append((s.name, s.size))
                 except FileNotFoundError:  # gone meanwhile: nothing left to free
                     continue
@@ -78,7 +95,9 @@ def _stale(answer: dict[str, Any]) -> tuple[tuple[str, int], ...]:
 
 def sweepers(cfg: Config, links: dict[str, NodeLink]) -> dict[str, Callable[[], ShmReport]]:
     """One sweeper per node, local first, in config order."""
-    out: dict[str, Callable[[], ShmReport]] = {LOCAL: LocalShm(cfg.restart.remove_shm)}
+    name = cfg.capture.docker_container
+    out: dict[str, Callable[[], ShmReport]] = {
+        LOCAL: LocalShm(cfg.restart.remove_shm, root=container_root(name) if name else lambda: None)}
     for n in cfg.nodes:
         out[n.name] = NodeShm(links[n.name], n.remove_shm)
     return out

@@ -9,6 +9,13 @@ opened (``fstat``, the same inode): a regular file to read, a FIFO to write. A f
 refused (the other name may be a file its writer could not read), and ``owners`` (uids) limits who may own it.
 Reads are capped: `read_tail` reads at most the last ``max_bytes``, `read_capped` refuses a file over its cap, so
 ``/dev/zero`` or a file that grows while read cannot exhaust memory.
+
+``root``: a path named by a process in another mount namespace (a container) is opened under that process's root,
+``/proc/PID/root`` (`watchdog.host.ns_paths` says when). The walk then starts from an fd of that directory and never
+leaves it: ``..`` is taken lexically (never opened: from the container's root the kernel would step up into the
+host), and a symbolic link on the directories of the path is resolved inside that root, like ``openat2``'s
+``RESOLVE_IN_ROOT`` (a link to ``/etc`` reaches the container's ``/etc``, never the host's); the last component is
+still never followed.
 """
 
 from __future__ import annotations
@@ -19,7 +26,11 @@ import os
 import stat
 from collections.abc import Collection, Iterator
 
+from watchdog.host.ns_paths import host_path as shown
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ROOT = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # /proc/PID/root is a link to follow: it is the root
+_MAX_LINKS = 40  # as the kernel's
 _LAST = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
@@ -44,14 +55,59 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _walk_in_root(root: str, parts: list[str], path: str) -> int:
+    """An fd of the directory ``parts`` name under ``root``, symbolic links resolved inside ``root``."""
+    stack = [os.open(root, _ROOT)]
+    todo, links = list(parts), 0
+    try:
+        while todo:
+            part = todo.pop(0)
+            if part in ("", "."):
+                continue
+            if part == "..":  # lexical, clamped at the root
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            try:
+                stack.append(os.open(part, _DIR, dir_fd=stack[-1]))
+                continue
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                if not stat.S_ISLNK(os.stat(part, dir_fd=stack[-1], follow_symlinks=False).st_mode):
+                    raise UnsafeFile(path, f"{part!r} on its path is not a directory") from None
+                target = os.readlink(part, dir_fd=stack[-1])
+            links += 1
+            if links > _MAX_LINKS:
+                raise UnsafeFile(path, "too many symbolic links on its path (refused)")
+            if target.startswith("/"):  # absolute: from the root we were given, not the host's
+                while len(stack) > 1:
+                    os.close(stack.pop())
+            todo = [t for t in target.split("/") if t] + todo
+        fd = stack.pop()
+        return fd
+    finally:
+        for f in stack:
+            os.close(f)
+
+
 @contextlib.contextmanager
-def _parent(path: str) -> Iterator[tuple[int, str]]:
+def _parent(path: str, root: str | None = None) -> Iterator[tuple[int, str]]:
     """(an fd of the directory holding the path's last component, that component), every directory on the way
-    opened without following a link."""
+    opened without following a link (under ``root``: resolving links inside it)."""
     norm = os.path.normpath(path)
     parts = [p for p in norm.split("/") if p]
     if not parts or norm in (".", "..") or parts[-1] == "..":
         raise UnsafeFile(path, "not a file path")
+    if root is not None:
+        if not norm.startswith("/"):
+            raise UnsafeFile(path, "not an absolute path (a path in another mount namespace must be)")
+        fd = _walk_in_root(root, parts[:-1], shown(path, root))
+        try:
+            yield fd, parts[-1]
+        finally:
+            os.close(fd)
+        return
     fd = os.open("/" if norm.startswith("/") else ".", _DIR)
     try:
         for part in parts[:-1]:
@@ -83,10 +139,11 @@ def _check(path: str, st: os.stat_result, want: str, owners: Collection[int] | N
 
 @contextlib.contextmanager
 def open_checked(path: str, flags: int, want: str = "a regular file",
-                 owners: Collection[int] | None = None) -> Iterator[int]:
+                 owners: Collection[int] | None = None, root: str | None = None) -> Iterator[int]:
     """An fd of ``path`` opened with ``flags`` (plus no-follow, non-blocking), only if it is ``want`` ("a regular
     file" or "a FIFO"), has one link and an owner in ``owners`` (None: any). Raises UnsafeFile or OSError."""
-    with _parent(path) as (dirfd, name):
+    with _parent(path, root) as (dirfd, name):
+        path = shown(path, root)
         before = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
         _check(path, before, want, owners)
         try:
@@ -105,27 +162,47 @@ def open_checked(path: str, flags: int, want: str = "a regular file",
         os.close(fd)
 
 
-def read_tail(path: str, max_bytes: int, owners: Collection[int] | None = None) -> bytes:
+def read_tail(path: str, max_bytes: int, owners: Collection[int] | None = None, root: str | None = None) -> bytes:
     """The last ``max_bytes`` (at most) of a regular file, safely opened (`open_checked`)."""
-    with open_checked(path, os.O_RDONLY, owners=owners) as fd:
+    with open_checked(path, os.O_RDONLY, owners=owners, root=root) as fd:
         size = os.fstat(fd).st_size
         return _read(fd, max(0, size - max_bytes), max_bytes)
 
 
-def read_capped(path: str, max_bytes: int, owners: Collection[int] | None = None) -> bytes:
+def read_capped(path: str, max_bytes: int, owners: Collection[int] | None = None,
+                root: str | None = None) -> bytes:
     """A whole regular file, safely opened; UnsafeFile when it holds more than ``max_bytes``."""
-    with open_checked(path, os.O_RDONLY, owners=owners) as fd:
+    with open_checked(path, os.O_RDONLY, owners=owners, root=root) as fd:
         data = _read(fd, 0, max_bytes + 1)
     if len(data) > max_bytes:
-        raise UnsafeFile(path, f"holds more than {max_bytes} bytes (refused)")
+        raise UnsafeFile(shown(path, root), f"holds more than {max_bytes} bytes (refused)")
     return data
 
 
-def write_fifo(path: str, data: bytes, owners: Collection[int] | None = None) -> None:
+def write_fifo(path: str, data: bytes, owners: Collection[int] | None = None, root: str | None = None) -> None:
     """Write ``data`` to a FIFO, never blocking, never to anything but a FIFO (a link, or a regular file where the
     pipe should be, is refused before a byte is written). ENXIO (OSError) when nobody reads it."""
-    with open_checked(path, os.O_WRONLY, "a FIFO", owners) as fd:
+    with open_checked(path, os.O_WRONLY, "a FIFO", owners, root) as fd:
         os.write(fd, data)
+
+
+def lstat_at(path: str, root: str | None = None) -> os.stat_result:
+    """``lstat`` of ``path``, its directories reached as `open_checked` reaches them. Raises UnsafeFile or OSError."""
+    with _parent(path, root) as (dirfd, name):
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+
+
+def unlink_at(path: str, root: str | None = None) -> None:
+    """Remove the name ``path`` (not a directory; a link is removed, never followed) from its directory, reached as
+    `open_checked` reaches it. Raises UnsafeFile or OSError."""
+    with _parent(path, root) as (dirfd, name):
+        os.unlink(name, dir_fd=dirfd)
+
+
+def list_dir(path: str, root: str | None = None) -> list[str]:
+    """The names in directory ``path``, reached as `open_checked` reaches a file's directory."""
+    with _parent(os.path.join(path, "_"), root) as (dirfd, _):  # "_": a name in it, so the walk ends at it
+        return os.listdir(dirfd)
 
 
 def _read(fd: int, offset: int, limit: int) -> bytes:

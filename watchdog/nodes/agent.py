@@ -89,7 +89,7 @@ class Agent:
     def processes(self) -> list[EngineProcess]:
         """This node's engine processes: the right title and the identity this node's config asks for."""
         kept = []
-        for p in discover(None, self.cfg.process_prefix, self.cfg.title_filter):
+        for p in discover(None, self.cfg.process_prefix, self.cfg.title_filter, container=self.cfg.docker_container):
             why = self.identity.check(p.pid, p.title)
             if not why:
                 kept.append(p)

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from watchdog.config.load import Config
 from watchdog.core.types import Observation, ProbeFinished, ProbeStarted, Scrape, ServerProcess, Transition
-from watchdog.evidence.collect.discover import server_for_port
+from watchdog.evidence.collect.discover import server_for_url
 from watchdog.judge.judge import Judge
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.fetch import MetricsFetcher
@@ -83,7 +83,7 @@ def build_watcher(cfg: Config, http: EngineHTTP | None = None, sinks: list[Obser
     clock = time.monotonic
 
     def find_server() -> ServerProcess:
-        tree = server_for_port(cfg.engine.url)
+        tree = server_for_url(cfg.engine.url, cfg.capture.docker_container)
         if tree is None:
             return ServerProcess(clock(), None)
         return ServerProcess(clock(), tree.pid, tree.started, tree.titles)

@@ -9,7 +9,7 @@ import logging
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -18,6 +18,7 @@ from watchdog import __version__
 from watchdog.core.processes import NodeContext
 from watchdog.evidence.collect.capture import DumpRunner, run_argv
 from watchdog.host.files import read_tail
+from watchdog.host.ns_paths import host_path, root_of
 from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 
 log = logging.getLogger(__name__)
@@ -46,22 +47,32 @@ class LogSource:
     journal_unit: str = ""
     docker_container: str = ""
     lines: int = 200
+    root: str | None = None  # the engine's /proc/PID/root when it runs in another mount namespace (a container)
 
 
 def log_tail(src: LogSource, runner: DumpRunner = run_argv, timeout: float = 10.0) -> tuple[str, str, str]:
     """(text, where it came from, problem). ``lines`` 0: no tail at all (nothing is read).
 
     A log file is read as root from a place its engine's user may control: never through a link, never a FIFO or
-    a device, never a file with a second name, and only its last ``LOG_TAIL_BYTES`` (`watchdog.host.files`)."""
+    a device, never a file with a second name, and only its last ``LOG_TAIL_BYTES`` (`watchdog.host.files`).
+    A log file missing on the host is looked for inside the engine's container (``src.root``), by the same rules,
+    never through a link out of it."""
     if src.lines <= 0:
         return "", "", ""
     if src.file:
+        where = src.file
         try:
-            data = read_tail(src.file, LOG_TAIL_BYTES)
+            try:
+                data = read_tail(src.file, LOG_TAIL_BYTES)
+            except FileNotFoundError:
+                if src.root is None:
+                    raise
+                where = host_path(src.file, src.root)
+                data = read_tail(src.file, LOG_TAIL_BYTES, root=src.root)
         except OSError as e:
-            return "", src.file, f"log file {src.file}: {e.strerror or e}"
+            return "", where, f"log file {where}: {e.strerror or e}"
         lines = data.decode("utf-8", "replace").splitlines()[-src.lines:]
-        return "\n".join(lines) + "\n", src.file, ""
+        return "\n".join(lines) + "\n", where, ""
     argv: list[str] | None = None
     if src.journal_unit:
         argv = ["journalctl", "-u", src.journal_unit, "-n", str(src.lines), "--no-pager", "-o", "short-iso"]
@@ -123,6 +134,8 @@ def engine_versions(pids: Sequence[int], http: EngineHTTP, pyspy: str | None,
 def gather(http: EngineHTTP, metrics_page: str, src: LogSource, pids: Sequence[int], pyspy: str | None,
            runner: DumpRunner = run_argv) -> Context:
     problems: list[str] = []
+    if src.file and src.root is None and pids:
+        src = replace(src, root=root_of(pids[0]))
     tail, where, problem = log_tail(src, runner)
     if problem:
         problems.append(problem)

@@ -47,5 +47,6 @@ def config_confirm_seconds(cfg: Config) -> float:
 def read_deadlines(cfg: Config, url: str, processes: Sequence[EngineProcess] | None = None) -> DeadlineReport:
     """The engine behind ``url`` (or the processes given): its deadlines against this config's confirmation time."""
     if processes is None:
-        processes = discover(url, cfg.capture.process_prefix, cfg.capture.title_filter)
+        processes = discover(url, cfg.capture.process_prefix, cfg.capture.title_filter,
+                             container=cfg.capture.docker_container)
     return report(read_settings(processes), config_confirm_seconds(cfg))

@@ -9,12 +9,13 @@ Both paths come from the engine's environment, which the engine's user writes: t
 FIFO and the dump read only if it is a regular file with one link, each reached without a symbolic link and owned
 by one of that process's uids, the dump capped in bytes (`watchdog.host.files`). A link to ``/etc/passwd`` where
 the pipe should be is never written; a link to root's files, or a FIFO, where the dump should be is never read.
+A process in another mount namespace (a container) names paths in its own filesystem: they are reached under its
+``/proc/PID/root`` (`watchdog.host.ns_paths`), no link leading out of it.
 """
 
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import re
 import time
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from watchdog.evidence.gpu.flight_recorder import FrConfig, fr_config, parse_environ
 from watchdog.evidence.gpu.fr_dump import MAX_DUMP_BYTES, DumpError, load_dump
-from watchdog.host.files import UnsafeFile, read_capped, write_fifo
+from watchdog.host.files import UnsafeFile, list_dir, lstat_at, read_capped, write_fifo
+from watchdog.host.ns_paths import root_of
 
 MAX_RANKS = 1024  # dump pipes followed per process's prefix, at most
 
@@ -55,11 +57,11 @@ class FrTrigger:
     seconds: float  # trigger and settle, in all
 
 
-def _write_pipe(path: str, owners: frozenset[int] | None) -> str:
+def _write_pipe(path: str, owners: frozenset[int] | None, root: str | None = None) -> str:
     """"" when written; else why not. Never blocks, and writes to nothing but a FIFO its process owns: the path
     comes from the engine's environment, which its user sets (a link to /etc/passwd there is refused unwritten)."""
     try:
-        write_fifo(path, b"1\n", owners)
+        write_fifo(path, b"1\n", owners, root)
     except UnsafeFile as e:
         return str(e)
     except OSError as e:
@@ -80,9 +82,15 @@ def uids_of(pid: int) -> frozenset[int] | None:
     return None
 
 
-def _ranks_of_pipes(prefix: str) -> list[int]:
-    pat = re.compile(re.escape(prefix) + r"(\d{1,6})\.pipe$")
-    return sorted(int(m.group(1)) for p in glob.glob(glob.escape(prefix) + "*.pipe") if (m := pat.match(p)))[:MAX_RANKS]
+def _ranks_of_pipes(prefix: str, root: str | None = None) -> list[int]:
+    """The ranks whose pipe ``<prefix><rank>.pipe`` is in the prefix's directory (under ``root``)."""
+    directory, start = os.path.split(prefix)
+    pat = re.compile(re.escape(start) + r"(\d{1,6})\.pipe$")
+    try:
+        names = list_dir(directory or ".", root)
+    except OSError:  # UnsafeFile included: no pipe is followed through a link out of the root
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := pat.match(n)))[:MAX_RANKS]
 
 
 def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle: float = 10.0,
@@ -93,6 +101,7 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
     problems: list[str] = []
     targets: dict[int, tuple[int | None, FrConfig]] = {}  # rank -> (pid, its config)
     owners: dict[int, frozenset[int] | None] = {}  # rank -> who may own its pipe and dump (its process's uids)
+    roots: dict[int, str | None] = {}  # rank -> its process's root when in another mount namespace
     for pid in pids:
         cfg = configs[pid] if configs is not None and pid in configs else config_of(pid)
         if cfg is None:
@@ -102,22 +111,24 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
             problems.extend(f"pid {pid}: {p}" for p in cfg.problems)
             continue
         known = (ranks or {}).get(pid)
-        found = [known] if known is not None else _ranks_of_pipes(cfg.pipe_prefix)
+        root = root_of(pid)
+        found = [known] if known is not None else _ranks_of_pipes(cfg.pipe_prefix, root)
         uids = uids_of(pid)
         for rank in found:
             if rank not in targets:
                 targets[rank] = (pid if known is not None else None, cfg)
                 owners[rank] = uids
+                roots[rank] = root
     if not targets:
         return FrTrigger((), tuple(dict.fromkeys(problems)), round(clock() - t0, 3))
     before: dict[int, float] = {}
     errors: dict[int, str] = {}
     for rank, (_, cfg) in targets.items():
         try:
-            before[rank] = os.stat(cfg.dump_path(rank)).st_mtime_ns
+            before[rank] = lstat_at(cfg.dump_path(rank), roots[rank]).st_mtime_ns
         except OSError:
             before[rank] = -1
-        errors[rank] = _write_pipe(cfg.pipe_path(rank), owners[rank])
+        errors[rank] = _write_pipe(cfg.pipe_path(rank), owners[rank], roots[rank])
     got: dict[int, tuple[bytes, float]] = {}
     unreadable: dict[int, str] = {}  # rank -> why its newest dump could not be decoded
     waiting = {r for r in targets if not errors[r]}
@@ -126,9 +137,9 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
         for rank in list(waiting):
             path = targets[rank][1].dump_path(rank)
             try:
-                if os.stat(path).st_mtime_ns == before[rank]:
+                if lstat_at(path, roots[rank]).st_mtime_ns == before[rank]:
                     continue
-                data = read_capped(path, MAX_DUMP_BYTES, owners[rank])
+                data = read_capped(path, MAX_DUMP_BYTES, owners[rank], roots[rank])
                 load_dump(data)
             except UnsafeFile as e:
                 errors[rank] = f"{e}: not read"
