@@ -59,7 +59,8 @@ class Investigator:
         self.cfg, self.http, self.gpu = cfg, http, gpu
         c = cfg.capture
         self.base = http.base
-        self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter))
+        self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter,
+                                                  container=c.docker_container))
         self.capturer = capturer or Capturer(find_pyspy(c.pyspy), c.timeout, c.native, c.locals)
         self.incidents_dir = Path(cfg.state.dir) / "incidents"
         self.remote = others  # [[nodes]]: their stacks and context too
