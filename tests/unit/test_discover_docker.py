@@ -22,6 +22,7 @@ import pytest
 from watchdog.evidence.collect import discover as discover_module
 from watchdog.evidence.collect.discover import discover, engine_root, server_for_url
 from watchdog.evidence.collect.proxy import (
+    InitPids,
     ProcFS,
     ProxyTarget,
     container_pid,
@@ -217,6 +218,19 @@ def test_container_pid_through_docker_inspect() -> None:
     assert pid is None and "not a pid" in why
 
 
+def test_init_pids_asks_docker_once_per_container_start() -> None:
+    starts = {4242: 100.0}
+    pids = InitPids(started=starts.get)
+    r = Runner(0, "4242\n")
+    assert pids("c", r) == (4242, "") and pids("c", r) == (4242, "")
+    assert len(r.calls) == 1  # remembered while the same process lives
+    starts[4242] = 200.0  # the number reused by another process: asked again
+    assert pids("c", r) == (4242, "") and len(r.calls) == 2
+    del starts[4242]  # the container stopped: asked again, and a failure is not remembered
+    gone = Runner(1, "", "Error: No such object: c")
+    assert pids("c", gone)[0] is None and pids("c", gone)[0] is None and len(gone.calls) == 2
+
+
 # ---------------------------------------------------------------------------------------------- real trees
 
 # fork and exec, not subprocess: with a title for argv[0] Python cannot find its extension modules
@@ -309,12 +323,12 @@ def test_proxy_off_the_named_containers_init_tree(trees: Any, prefix: str, monke
                  5)
     monkeypatch.setattr(discover_module, "listener_pid", lambda url: None)
     runner = Runner(0, f"{init.top.pid}\n")
-    found = discover("http://127.0.0.1:18711", prefix=prefix, container="vllm-tp2", runner=runner)
+    found = discover("http://127.0.0.1:18711", prefix=prefix, container="vllm-off", runner=runner)
     assert [(p.role, p.pid) for p in found] == [
         ("api_server", init.pids["vllm-api"]), ("engine_core", init.pids[prefix + "EngineCore"]),
         ("worker", init.pids[prefix + "Worker_TP0"]), ("worker", init.pids[prefix + "Worker_TP1"])]
-    assert runner.calls[0][0][-1] == "vllm-tp2"
-    assert engine_root(None, "vllm-tp2", runner) == (init.top.pid, False)  # the agent's way: no URL, a name
+    assert runner.calls[0][0][-1] == "vllm-off"
+    assert engine_root(None, "vllm-off", runner) == (init.top.pid, False)  # the agent's way: no URL, a name
 
 
 def test_proxy_off_container_gone_falls_back_to_titles(trees: Any, prefix: str,
@@ -352,6 +366,6 @@ def test_server_for_url_proxy_off_named_container(trees: Any, monkeypatch: pytes
     init = trees(["docker-init"], [node("vllm-in", args=["vllm.entrypoints.openai.api_server", "--port", "9"])],
                  2)
     monkeypatch.setattr(discover_module, "listener_pid", lambda url: None)
-    tree = server_for_url("http://127.0.0.1:18711", "vllm-tp2", Runner(0, f"{init.top.pid}\n"))
+    tree = server_for_url("http://127.0.0.1:18711", "vllm-booting", Runner(0, f"{init.top.pid}\n"))
     assert tree is not None and tree.pid == init.pids["vllm-in"]  # any port: the published one is not its own
-    assert server_for_url("http://127.0.0.1:18711", "vllm-tp2", Runner(1, "", "no such")) is None
+    assert server_for_url("http://127.0.0.1:18711", "vllm-absent", Runner(1, "", "no such")) is None

@@ -22,9 +22,11 @@ import psutil
 from watchdog.core.processes import EngineProcess
 from watchdog.core.roles import ENGINE_ROLES, ORDER, Role, parse_title
 from watchdog.evidence.collect.capture import run_argv
-from watchdog.evidence.collect.proxy import ProcFS, container_pid, parse_docker_proxy, server_behind_proxy
+from watchdog.evidence.collect.proxy import InitPids, ProcFS, parse_docker_proxy, server_behind_proxy
 
 Runner = Callable[[Sequence[str], float], tuple[int, str, str]]
+INIT_PIDS = InitPids()  # named containers' init pids, asked of Docker once per container start
+WATCH_INSPECT_TIMEOUT = 3.0  # docker inspect from the watch loop (a hung daemon must not hold the loop long)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def engine_root(url: str | None, container: str = "", runner: Runner = run_argv,
         log.info("the listener on %s is docker-proxy (pid %d) for %s:%d, where nothing is seen listening", url, pid,
                  target.container_ip, target.container_port)
     if container:
-        init, why = container_pid(container, runner)
+        init, why = INIT_PIDS(container, runner)
         if init is not None:
             return init, False
         log.warning("engine discovery: %s", why)
@@ -211,7 +213,7 @@ def server_for_url(url: str, container: str = "", runner: Runner = run_argv,
             return server_for_port(url, port=target.container_port,
                                    within=lambda p: procfs.netns(p) not in (None, own))
     elif container:
-        init, why = container_pid(container, runner)
+        init, why = INIT_PIDS(container, runner, WATCH_INSPECT_TIMEOUT)
         if init is not None:
             pids = {p.pid for p in _tree(init)}
             return server_for_port(url, port=None, within=pids.__contains__)

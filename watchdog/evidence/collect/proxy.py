@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
 
 
@@ -214,3 +216,33 @@ def container_pid(name: str, runner: Callable[[Sequence[str], float], tuple[int,
     if pid <= 0:
         return None, f"container {name} is not running"
     return pid, ""
+
+
+def _started(pid: int) -> float | None:
+    """When ``pid`` started (its identity against reuse of the number); None when it is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+class InitPids:
+    """`container_pid` remembered: a container's init pid is asked of Docker once and kept while that same process
+    lives (a restarted container has a new one; a reused pid number has another start time), so a watch loop that
+    looks for a booting server each tick does not start ``docker inspect`` each tick."""
+
+    def __init__(self, started: Callable[[int], float | None] = _started) -> None:
+        self.started = started
+        self.known: dict[str, tuple[int, float]] = {}
+
+    def __call__(self, name: str, runner: Callable[[Sequence[str], float], tuple[int, str, str]],
+                 timeout: float = 10.0) -> tuple[int | None, str]:
+        if name in self.known:
+            pid, t = self.known[name]
+            if self.started(pid) == t:
+                return pid, ""
+            del self.known[name]
+        found, why = container_pid(name, runner, timeout)
+        if found is not None and (t0 := self.started(found)) is not None:
+            self.known[name] = (found, t0)
+        return found, why
