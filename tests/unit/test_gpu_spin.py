@@ -155,6 +155,9 @@ def test_the_bundle_says_the_rank_waits_on_its_own_spinning_gpu(tmp_path: Path) 
     assert m["gpu"]["culprit"] == "Worker_TP0" and m["gpu"]["culprit_sources"] == ["stacks+power"]
     assert says(m["headline"], "Worker_TP0", "waits on its own GPU", "idle power"), m["headline"]
     assert not says(m["headline"], "parked") and m["runbook"] == "frozen-waiting-on-gpu"
+    # the stacks' own stuck reason names the wait on the device too (the recording, made before, said "parked")
+    assert says(m["decision_reason"], "Worker_TP0", "own GPU", "device_wait"), m["decision_reason"]
+    assert not says(m["decision_reason"], "every rank parked")
     assert says(summary.splitlines()[2], "Worker_TP0", "own GPU", "idle power")
     assert [r["state"] for r in m["gpu"]["readings"]] == ["spinning"]
     # judged over the old window the GPU says nothing: no GPU culprit, no power in the headline

@@ -281,4 +281,9 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
         return Decision.UNDECIDED, (f"stacks moved only in EngineCore's loop ({names}) without burning CPU "
                                     f"({page}): not a long step; the metric window decides"), None
     culprit = f"; culprit: {cross.culprit}" if cross.culprit else ""
+    on_device = [f.explanation.name for f in procs if f.explanation and f.explanation.cls == Cls.DEVICE_WAIT]
+    if on_device:  # not parked in a poll: waiting for its own GPU to finish (a kernel that spins or never ends)
+        who = f"{on_device[0]} waits" if len(on_device) == 1 else f"{', '.join(on_device)} wait"
+        return Decision.STUCK, (f"{who} on its own GPU (device_wait) and nothing moved between captures"
+                                f"{culprit}"), StuckKind.PARKED
     return Decision.STUCK, f"every rank parked and nothing moved between captures{culprit}", StuckKind.PARKED
