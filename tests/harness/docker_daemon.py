@@ -145,7 +145,11 @@ class DockerDaemon:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)  # the group id is the unreaped daemon's pid: ours alone
                 p.wait(15)
-        if self.run_dir.exists() and not _mounted_under(self.run_dir):
+        # dockerd leaves its own bind of the host's network namespace (<exec root>/netns/default) mounted: only
+        # mounts under our own directory are undone, deepest first
+        for mount in sorted(_mounts_under(self.run_dir), key=len, reverse=True):
+            subprocess.run(["umount", mount], capture_output=True, timeout=30, check=False)
+        if self.run_dir.exists() and not _mounts_under(self.run_dir):
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def __enter__(self) -> DockerDaemon:
@@ -156,7 +160,8 @@ class DockerDaemon:
         self.stop()
 
 
-def _mounted_under(path: Path) -> bool:
+def _mounts_under(path: Path) -> list[str]:
     prefix = str(path) + "/"
     with open("/proc/self/mounts") as f:
-        return any(line.split()[1].startswith(prefix) for line in f if len(line.split()) > 1)
+        return [fields[1] for fields in (line.split() for line in f) if len(fields) > 1
+                and fields[1].startswith(prefix)]
