@@ -265,3 +265,12 @@ def test_userland_proxy_off_serves_through_the_nat(
     assert not listeners & {p.pid for p in engine.host_processes()}
     assert engine.complete("through the nat", max_tokens=4)["choices"]
     assert set(TITLES) <= set(engine.processes())
+    # told the container, dump finds every rank in it with its stack: dockerd, holding the port, is not the engine
+    cfg = tmp_path / "named.toml"
+    cfg.write_text(named)
+    code, m = dump(engine.url, tmp_path / "incidents", engine.daemon, "--config", str(cfg))
+    assert code == 0, m
+    procs, ranks = by_title(m), engine.processes()
+    for title in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"):
+        assert title in procs and procs[title]["pid"] == ranks[title].pid, (title, sorted(procs))
+        assert procs[title]["frames"], f"no stack for {title}"

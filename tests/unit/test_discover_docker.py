@@ -331,6 +331,21 @@ def test_proxy_off_the_named_containers_init_tree(trees: Any, prefix: str, monke
     assert engine_root(None, "vllm-off", runner) == (init.top.pid, False)  # the agent's way: no URL, a name
 
 
+def test_proxy_off_dockerd_holding_the_port_is_not_the_server(trees: Any, prefix: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Docker 20.10 with --userland-proxy=false: dockerd itself listens on the published port (to reserve it; the NAT
+    # takes the traffic): seen live in tests/engine/test_docker.py. It is not the API server: the named container is.
+    daemon = trees(["dockerd", "--userland-proxy=false"], [], 1)
+    init = trees(["docker-init"], [node("vllm-api", *engine(prefix), args=["vllm.entrypoints.openai.api_server"])],
+                 5)
+    monkeypatch.setattr(discover_module, "listener_pid", lambda url: daemon.top.pid)
+    found = discover("http://127.0.0.1:18711", prefix=prefix, container="vllm-off",
+                     runner=Runner(0, f"{init.top.pid}\n"))
+    assert [(p.role, p.pid) for p in found][:2] == [("api_server", init.pids["vllm-api"]),
+                                                    ("engine_core", init.pids[prefix + "EngineCore"])]
+    assert daemon.top.pid not in {p.pid for p in found}
+
+
 def test_proxy_off_container_gone_falls_back_to_titles(trees: Any, prefix: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     loose = trees([prefix + "Worker_TP0"], [], 1)

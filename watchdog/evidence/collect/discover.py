@@ -82,6 +82,9 @@ def engine_root(url: str | None, container: str = "", runner: Runner = run_argv,
     """(pid, is the API server) whose descendants are the engine: the URL's listener (a docker-proxy's server in
     the container behind it), else the named container's init pid (not itself the server), else None."""
     pid = listener_pid(url) if url else None
+    if pid is not None and _is_dockerd(_argv(pid)):  # the userland proxy off: dockerd holds the port to reserve it,
+        log.info("the listener on %s is dockerd (pid %d): the engine is in a container behind its NAT", url, pid)
+        pid = None  # and iptables carries the traffic into the container: the engine is found by its name
     if pid is not None:
         target = parse_docker_proxy(_argv(pid))
         if target is None:
@@ -97,6 +100,10 @@ def engine_root(url: str | None, container: str = "", runner: Runner = run_argv,
             return init, False
         log.warning("engine discovery: %s", why)
     return None
+
+
+def _is_dockerd(argv: Sequence[str]) -> bool:
+    return bool(argv) and Path(argv[0]).name == "dockerd"
 
 
 def _tree(pid: int) -> list[psutil.Process]:
