@@ -110,6 +110,16 @@ def by_title(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {p["title"]: p for p in manifest["processes"] if p["title"]}
 
 
+def every_rank_dumped(manifest: dict[str, Any], engine: DockerVllm) -> dict[str, dict[str, Any]]:
+    """EngineCore and both workers in the dump, with the host pids the harness sees, each with a stack."""
+    procs, ranks = by_title(manifest), engine.processes()
+    for title in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"):
+        assert title in procs, sorted(procs)
+        assert procs[title]["pid"] == ranks[title].pid, (title, procs[title]["pid"], ranks[title].pid)
+        assert procs[title]["frames"], f"no stack for {title}"
+    return procs
+
+
 def boot_watched(engine: DockerVllm, state_dir: Path, extra: str = "") -> list[dict[str, Any]]:
     """The real `watchdog run`, started while the container boots, until it says `idle`: its transitions."""
     wd = WatchdogProcess(engine.url, state_dir, quick_config(5.0, 15.0, 10.0, extra)).start()
@@ -174,12 +184,7 @@ def test_host_network_dump_finds_every_rank_and_its_stack(engines: Engines, tmp_
     engine = engines.get("host")
     code, m = dump(engine.url, tmp_path / "incidents", engine.daemon)
     assert code == 0, m
-    procs = by_title(m)
-    ranks = engine.processes()
-    for title in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"):
-        assert title in procs, sorted(procs)
-        assert procs[title]["pid"] == ranks[title].pid, (title, procs[title]["pid"], ranks[title].pid)
-        assert procs[title]["frames"], f"no stack for {title}"
+    procs = every_rank_dumped(m, engine)
     assert procs["VLLM::Worker_TP1"]["class"] == "idle_reader_wait", procs["VLLM::Worker_TP1"]
     assert m["culprit"] is None
 
@@ -240,12 +245,7 @@ def test_published_port_dump_finds_every_rank_behind_docker_proxy(engines: Engin
     assert [psutil.Process(p).name() for p in listeners if p] == ["docker-proxy"], listeners
     code, m = dump(engine.url, tmp_path / "incidents", engine.daemon)
     assert code == 0, m
-    procs = by_title(m)
-    ranks = engine.processes()
-    for title in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"):
-        assert title in procs, sorted(procs)
-        assert procs[title]["pid"] == ranks[title].pid, (title, procs[title]["pid"], ranks[title].pid)
-        assert procs[title]["frames"], f"no stack for {title}"
+    every_rank_dumped(m, engine)
 
 
 def test_userland_proxy_off_serves_through_the_nat(
@@ -270,7 +270,4 @@ def test_userland_proxy_off_serves_through_the_nat(
     cfg.write_text(named)
     code, m = dump(engine.url, tmp_path / "incidents", engine.daemon, "--config", str(cfg))
     assert code == 0, m
-    procs, ranks = by_title(m), engine.processes()
-    for title in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1"):
-        assert title in procs and procs[title]["pid"] == ranks[title].pid, (title, sorted(procs))
-        assert procs[title]["frames"], f"no stack for {title}"
+    every_rank_dumped(m, engine)

@@ -38,7 +38,7 @@ import requests
 
 from tests.harness.docker_daemon import LABEL, DockerDaemon
 from tests.harness.metrics import watched
-from tests.harness.server import BASE_ENV, ROOT_TITLE, VllmServer, free_port
+from tests.harness.server import BASE_ENV, VllmServer, free_port, one_titled, titled
 
 SHAPES = ("published", "host", "proxy-off")
 CONTAINER_PORT = 8000
@@ -158,24 +158,10 @@ class DockerVllm:
 
     def processes(self) -> dict[str, psutil.Process]:
         """By title, as VllmServer.processes: "api_server", "VLLM::EngineCore", "VLLM::Worker_TP0", ..."""
-        found: dict[str, psutil.Process] = {}
-        init = self.pid
-        for proc in self.host_processes():
-            try:
-                cmdline = proc.cmdline()
-            except psutil.Error:
-                continue
-            if proc.pid == init:
-                found[ROOT_TITLE] = proc
-            elif cmdline and cmdline[0].startswith("VLLM::"):
-                found.setdefault(cmdline[0].strip(), proc)
-        return found
+        return titled(self.pid, self.host_processes())
 
     def process(self, title: str) -> psutil.Process:
-        procs = self.processes()
-        if title not in procs:
-            raise KeyError(f"{title!r} not among {sorted(procs)}")
-        return procs[title]
+        return one_titled(self.processes(), title)
 
     def log_tail(self, n: int = 60) -> str:
         r = self.daemon.cli("logs", "--tail", str(n), self.name, check=False)

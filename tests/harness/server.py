@@ -266,23 +266,10 @@ class VllmServer:
         Titles are read from /proc/PID/cmdline (comm is cut to 15 characters). Processes without a
         `VLLM::` title other than the root (e.g. multiprocessing's resource tracker) are left out.
         """
-        found: dict[str, psutil.Process] = {}
-        for proc in self.session_processes():
-            try:
-                cmdline = proc.cmdline()
-            except psutil.Error:
-                continue
-            if proc.pid == self.pid:
-                found[ROOT_TITLE] = proc
-            elif cmdline and cmdline[0].startswith("VLLM::"):
-                found.setdefault(cmdline[0].strip(), proc)
-        return found
+        return titled(self.pid, self.session_processes())
 
     def process(self, title: str) -> psutil.Process:
-        procs = self.processes()
-        if title not in procs:
-            raise KeyError(f"{title!r} not among {sorted(procs)}")
-        return procs[title]
+        return one_titled(self.processes(), title)
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -363,3 +350,25 @@ class VllmServer:
 
 # The type of the `vllm` fixture (tests/engine/conftest.py): vllm(model=None, *, ready_timeout, **opts).
 VllmFactory = Callable[..., VllmServer]
+
+
+def titled(root: int | None, procs: list[psutil.Process]) -> dict[str, psutil.Process]:
+    """An engine's processes by title: ``root`` as "api_server", the others by their ``VLLM::`` title (read from the
+    command line: comm is cut to 15 characters); untitled ones (multiprocessing's resource tracker) left out."""
+    found: dict[str, psutil.Process] = {}
+    for proc in procs:
+        try:
+            cmdline = proc.cmdline()
+        except psutil.Error:
+            continue
+        if proc.pid == root:
+            found[ROOT_TITLE] = proc
+        elif cmdline and cmdline[0].startswith("VLLM::"):
+            found.setdefault(cmdline[0].strip(), proc)
+    return found
+
+
+def one_titled(procs: dict[str, psutil.Process], title: str) -> psutil.Process:
+    if title not in procs:
+        raise KeyError(f"{title!r} not among {sorted(procs)}")
+    return procs[title]
