@@ -14,6 +14,13 @@ A step's timeout covers all its commands: each gets the time left in the step wh
 stops at the first failed command, a failed stop included: starting over a half-stopped stack is worse than
 leaving it to a human. The cancel event is checked between commands, never mid-command. A command on this host runs
 through `watchdog.host.run` (``LocalRunner``: its own session, its whole process group ended on timeout).
+
+A failed command's error ends with what it printed last (docker's own stderr: "Error response from daemon: No such
+container: vllm", "Cannot connect to the Docker daemon at ..."), in the step record and so in ``restart_failed``.
+A docker stop or restart is given ``--time`` N (`restart_plan.docker_stop_time`): docker sends SIGTERM, waits N s,
+then SIGKILLs the container. When the command took N s or more, docker's own events (``docker events ... event=kill``
+on this host) tell whether it had to kill; the step record then has ``killed`` ("not stopped within N s of SIGTERM:
+docker killed it (SIGKILL)"), logged as a warning; the step itself succeeded.
 """
 
 from __future__ import annotations
@@ -23,12 +30,23 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from watchdog.config.act import RestartSection
 from watchdog.config.nodes import NodeSection
-from watchdog.config.restart_plan import SHM_SKIPPED, argv_for, plan, secs, shm_check_at
+from watchdog.config.restart_plan import (
+    SHM_SKIPPED,
+    PlannedCommand,
+    argv_for,
+    docker_kills_argv,
+    docker_time_given,
+    killed_note,
+    output_said,
+    plan,
+    secs,
+    shm_check_at,
+)
 from watchdog.host.run import LocalRunner, RunResult
 
 log = logging.getLogger(__name__)
@@ -80,8 +98,8 @@ class Restarter:
 
     def __init__(self, section: RestartSection, runners: Mapping[str, Runner] | None = None,
                  clock: Callable[[], float] = time.monotonic, nodes: Sequence[NodeSection] = (),
-                 sweepers: Mapping[str, Sweeper] | None = None) -> None:
-        self.section = section
+                 sweepers: Mapping[str, Sweeper] | None = None, wall: Callable[[], float] = time.time) -> None:
+        self.section, self.wall = section, wall
         self.runners: dict[str, Runner] = dict(runners) if runners is not None else {"local": LocalRunner()}
         self.clock = clock
         self.commands = plan(section, nodes)
@@ -110,6 +128,18 @@ class Restarter:
                     sum(b for _, b in report.removed), f"; {report.error}" if report.error else "")
         return tuple(reports)
 
+    def _killed(self, command: PlannedCommand, result: RunResult, began: float) -> str:
+        """A docker stop/restart that took its whole ``--time``: did docker have to SIGKILL the container? Asked of
+        docker's own events on this host; on another node (its agent runs only its steps) told from the time."""
+        given = docker_time_given(result.argv)
+        if given is None or result.duration < given:
+            return ""
+        signals: str | None = None
+        if command.node == "local":
+            asked = self.runners["local"](docker_kills_argv(result.argv[-1], began - 1.0, self.wall()), 10.0)
+            signals = asked.output if asked.ok else None
+        return killed_note(result.argv[1], given, result.duration, signals)
+
     def run(self, cancel: threading.Event | None = None) -> RestartOutcome:
         if not self.commands:
             raise ValueError("no restart steps configured")
@@ -136,17 +166,23 @@ class Restarter:
             now = self.clock()
             key = command.step if command.step is not None else ("pre-start", command.node)
             time_left = deadlines.setdefault(key, now + command.timeout) - now
+            began = self.wall()
             if time_left > 0:
                 result = self.runners[command.node](argv_for(command, time_left), time_left)
             else:
                 result = RunResult(command.argv, None, 0.0, True,
                                    error=f"not run: the step's {secs(command.timeout)}s were used up")
+            if not result.ok and (said := output_said(result.output)):  # the command's own reason (docker's stderr)
+                result = replace(result, error=f"{result.error}: {said}")
             results.append(result)
-            records.append({"what": command.description, "node": command.node, "argv": shlex.join(result.argv)[:300],
-                            "ok": result.ok, "rc": result.rc, "seconds": round(result.duration, 2),
-                            "error": result.error})
-            log.info("restart: %s: %s (rc %s, %.1fs)", command.description, result.error or "ok", result.rc,
-                     result.duration)
+            record = {"what": command.description, "node": command.node, "argv": shlex.join(result.argv)[:300],
+                      "ok": result.ok, "rc": result.rc, "seconds": round(result.duration, 2), "error": result.error}
+            if result.ok and (killed := self._killed(command, result, began)):
+                record["killed"] = killed
+            records.append(record)
+            log.log(logging.WARNING if record.get("killed") or not result.ok else logging.INFO,
+                    "restart: %s: %s (rc %s, %.1fs)", command.description,
+                    record.get("killed") or result.error or "ok", result.rc, result.duration)
             if not result.ok:
                 return outcome(False, command.description)
         if self.check_at == len(self.commands):

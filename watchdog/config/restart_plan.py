@@ -118,6 +118,43 @@ def argv_for(command: PlannedCommand, time_left: float) -> tuple[str, ...]:
     return (*argv[:at], str(min(int(argv[at]), docker_stop_time(time_left))), *argv[at + 1:])
 
 
+def docker_time_given(argv: Sequence[str]) -> int | None:
+    """The ``--time`` a ``docker stop/restart`` argv gives docker (None: not such a command)."""
+    if len(argv) < 4 or argv[0] != "docker" or argv[1] not in ("stop", "restart") or "--time" not in argv:
+        return None
+    try:
+        return int(argv[argv.index("--time") + 1])
+    except (IndexError, ValueError):
+        return None
+
+
+def docker_kills_argv(container: str, since: float, until: float) -> tuple[str, ...]:
+    """The signals docker sent ``container`` between two wall times (one per line: 15, then 9 when it killed)."""
+    return ("docker", "events", "--since", f"{since:.3f}", "--until", f"{until:.3f}", "--filter",
+            f"container={container}", "--filter", "event=kill", "--format", "{{.Actor.Attributes.signal}}")
+
+
+def killed_note(verb: str, given: int, took: float, signals: str | None) -> str:
+    """What to say of a docker stop/restart that took ``took`` s with ``--time given``: "" when it stopped within
+    that time. ``signals``: what `docker_kills_argv` printed (None: could not be asked; then a stop that took the
+    whole time was killed, a restart (stop, then start) cannot be told)."""
+    if took < given:
+        return ""
+    if signals is None:
+        return (f"not stopped within {given}s of SIGTERM: docker killed it (SIGKILL)" if verb == "stop" else
+                f"took {took:.1f}s, --time {given}s: docker may have killed it (SIGKILL); its events could not be read")
+    if {"9", "KILL", "SIGKILL"} & set(signals.split()):
+        return f"not stopped within {given}s of SIGTERM: docker killed it (SIGKILL)"
+    return ""
+
+
+def output_said(output: str, limit: int = 300) -> str:
+    """The last lines a failed command printed (docker's and systemctl's own reason), one line, at most ``limit``."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    said = " | ".join(lines[-3:])
+    return said if len(said) <= limit else "..." + said[-(limit - 3):]
+
+
 def describe(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[str]:
     """The plan for people (``--dry-run``, ``watchdog status``): one line per command."""
     return [f"{c.description} (node {c.node}, up to {secs(c.timeout)}s): {shlex.join(c.argv)}"

