@@ -41,6 +41,7 @@ def page_value(server: VllmServer, name: str) -> float:
     return sums[name]
 
 
+@pytest.mark.versions
 def test_the_scrape_reads_the_filtered_page_and_it_reads_as_the_whole_page(shared_vllm: VllmServer) -> None:
     """vLLM 0.32 answers /metrics/?name[]=... from prometheus_client's app: the scrape keeps the filter after
     checking it against the whole page, and both read the same series."""
@@ -86,6 +87,7 @@ def test_idle_engine_is_idle_and_probes_succeed(
     assert page_value(server, "vllm:request_success_total") - before >= 4
 
 
+@pytest.mark.versions
 def test_long_prefill_longer_than_the_window_is_never_frozen(
     vllm: Callable[..., VllmServer], slow_model: Path, watch: Watch
 ) -> None:
@@ -103,8 +105,10 @@ def test_long_prefill_longer_than_the_window_is_never_frozen(
     assert took > 8.0 * 1.5, f"the prefill of {tokens} tokens took only {took:.1f}s: not longer than the window"
     assert "working" in w.states()
     assert "frozen" not in w.states() and "suspect" not in w.states(), w.events()
+    print(f"prefill of {tokens} tokens took {took:.1f}s (window 8 s): never suspect or frozen")
 
 
+@pytest.mark.versions
 def test_stopped_worker_under_load_is_frozen_within_the_window(
     shared_vllm: VllmServer, watch: Watch
 ) -> None:
@@ -123,9 +127,11 @@ def test_stopped_worker_under_load_is_frozen_within_the_window(
         # declared by the metric window (stacks are off here): the stall it judged is the whole window
         stalled = re.search(r"no progress for (\d+)s with work pending", event["reason"])
         assert stalled and int(stalled[1]) >= 15, event
+        print(f"frozen {event_time(event) - stopped_at:.1f}s after the stop (metrics only, window 15 s)")
         w.wait_for_state("working", 60, after=event_time(event))  # and it recovers once continued
 
 
+@pytest.mark.versions
 def test_invisible_wedge_after_idle_is_found_by_the_probe(
     shared_vllm: VllmServer, watch: Watch
 ) -> None:
@@ -137,6 +143,7 @@ def test_invisible_wedge_after_idle_is_found_by_the_probe(
         req = BackgroundRequest(server.url, server.model_name, "hello there", max_tokens=4, timeout=120)
         event = w.wait_for_state("frozen", 5 + 15 + 15, after=stopped_at)
         assert "probe" in event["reason"], event
+        print(f"frozen {event_time(event) - stopped_at:.1f}s after the stop (probe 5 s, window 15 s)")
         assert page_value(server, "vllm:num_requests_running") == 0  # the page never showed the stuck request
         assert page_value(server, "vllm:num_requests_waiting") == 0
         assert not req.done()
@@ -162,6 +169,7 @@ def test_killed_worker_is_down_then_starting_then_idle_after_restart(
     assert "frozen" not in w.states()
 
 
+@pytest.mark.versions
 def test_startup_is_starting_never_frozen(vllm: Callable[..., VllmServer], fast_model: Path, watch: Watch) -> None:
     from tests.harness.server import free_port
 

