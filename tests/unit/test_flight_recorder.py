@@ -130,5 +130,10 @@ def test_trigger_without_reader_or_settings(tmp_path: Path) -> None:
     assert "nobody reads the pipe" in res.ranks[0].error and not res.ranks[0].data
     res = trigger([7, 8], None, settle=0.3, configs={7: cfg, 8: fr_config({})})  # rank found from the pipe's name
     assert [r.rank for r in res.ranks] == [1] and any("pid 8" in p for p in res.problems)
+    none = fr_config({"TORCH_FR_BUFFER_SIZE": "10", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{tmp_path}/absent_",
+                      "TORCH_FR_DUMP_TEMP_FILE": f"{tmp_path}/fr_"})
+    silent = trigger([10], None, settle=0.3, configs={10: none})  # on, yet no pipe was made: said, not silence
+    assert not silent.ranks and any("pid 10" in p and "no pipe" in p and "absent_<rank>.pipe" in p
+                                    for p in silent.problems)
     stale = trigger([9], {9: 2}, settle=0.3, configs={9: cfg})
     assert "No such file" in stale.ranks[0].error

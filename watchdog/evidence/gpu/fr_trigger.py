@@ -113,6 +113,11 @@ def trigger(pids: Sequence[int], ranks: Mapping[int, int] | None = None, settle:
         known = (ranks or {}).get(pid)
         root = root_of(pid)
         found = [known] if known is not None else _ranks_of_pipes(cfg.pipe_prefix, root)
+        if not found:  # configured, yet torch made no pipe: say so (seen with torch 2.11 on an H200)
+            where = f" under {root}" if root else ""
+            problems.append(f"pid {pid}: the recorder is on, but no pipe {cfg.pipe_prefix}<rank>.pipe exists{where}: "
+                            "torch makes it only in a process that created an NCCL communicator with the pipe "
+                            "setting in its environment at start")
         uids = uids_of(pid)
         for rank in found:
             if rank not in targets:
