@@ -18,13 +18,15 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.harness.docker_daemon import DockerDaemon
-from tests.harness.docker_engine import DockerVllm, ensure_image
+from tests.harness.docker_daemon import LABEL, DockerDaemon
+from tests.harness.docker_engine import VENV_INSIDE, DockerVllm, ensure_image
 from tests.harness.faults import frozen
 from tests.harness.load import LoadGenerator
 from tests.harness.server import free_port, wait_running
 from tests.harness.shared_server import TITLES, problem
 from tests.harness.watcher import WatchdogProcess, event_time, quick_config
+from watchdog.act.shm_sweep import LocalShm, container_root
+from watchdog.evidence.gpu.fr_trigger import trigger
 
 pytestmark = pytest.mark.engine
 
@@ -153,7 +155,8 @@ timeout = {timeout}
 def test_a_docker_step_that_cannot_act_is_a_clear_failure(
         what: str, daemons: Daemons, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing serves on the URL (down from the start); the step names a container the daemon does not have, or
-    DOCKER_HOST names a socket no daemon answers on: the restart fails, saying which command, and nothing recovers."""
+    DOCKER_HOST names a socket no daemon answers on: the restart fails, saying which command and docker's own reason,
+    restart_failed is written once, the incident is kept (budget spent: given up), and nothing recovers."""
     daemon = daemons.get()
     monkeypatch.setenv("DOCKER_HOST", daemon.host if what == "no such container" else
                        f"unix://{daemon.run_dir / 'nobody.sock'}")
@@ -161,12 +164,46 @@ def test_a_docker_step_that_cannot_act_is_a_clear_failure(
     wd = WatchdogProcess(f"http://127.0.0.1:{free_port()}", tmp_path / "wd", restart_config([name], 30)).start()
     try:
         failed = wd.wait_event("restart_failed", 90)
+        wd.wait_event("gave_up", 30)
+        time.sleep(3)  # a few more passes: nothing more is said of that restart
     finally:
         wd.stop()
     steps = next(e for e in wd.events() if e["event"] == "restart_steps")
     assert steps["ok"] is False, steps
-    assert f"docker restart {name}" in failed["error"], failed
-    assert not [e for e in wd.events() if e["event"] == "recovered"]
+    said = {"no such container": f"No such container: {name}", "no daemon": "Cannot connect to the Docker daemon"}
+    assert f"docker restart {name}: exit status 1: " in failed["error"] and said[what] in failed["error"], failed
+    assert [e["event"] for e in wd.events()].count("restart_failed") == 1, wd.events()
+    assert not [e for e in wd.events() if e["event"] in ("recovered", "resolved")]
+    kept = json.loads((tmp_path / "wd" / "recovery.json").read_text())["incident"]
+    assert kept["id"] == failed["incident"] and kept["attempts"] == 1, kept  # open, observed until a human acts
+
+
+def test_a_container_that_ignores_sigterm_is_killed_after_the_steps_time_and_said_so(
+        daemons: Daemons, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container whose PID 1 is `sleep` (a namespace's init gets no signal it has no handler for: SIGTERM does
+    nothing). The docker restart step (timeout 6 s: `docker restart --time 4`) makes docker SIGKILL it after 4 s;
+    the step succeeds and its record in restart_steps says it was killed, from docker's own kill events."""
+    daemon = daemons.get()
+    monkeypatch.setenv("DOCKER_HOST", daemon.host)
+    name = f"ew-stubborn-{free_port()}"
+    daemon.cli("run", "--detach", "--name", name, "--label", LABEL, "--volume", "/usr:/usr:ro", daemons.image,
+               "/usr/bin/sleep", "infinity")
+    try:
+        first = json.loads(daemon.cli("inspect", name).stdout)[0]["State"]["StartedAt"]
+        wd = WatchdogProcess(f"http://127.0.0.1:{free_port()}", tmp_path / "wd", restart_config([name], 6)).start()
+        try:
+            steps = wd.wait_event("restart_steps", 90)
+        finally:
+            wd.stop()
+        step = next(s for s in steps["steps"] if s["what"] == f"docker restart {name}")
+        assert steps["ok"] is True and step["argv"] == f"docker restart --time 4 {name}", steps
+        assert step["killed"] == "not stopped within 4s of SIGTERM: docker killed it (SIGKILL)", step
+        assert 4.0 <= step["seconds"] < 6.0, step
+        state = json.loads(daemon.cli("inspect", name).stdout)[0]["State"]
+        assert state["Running"] and state["StartedAt"] != first, state
+        print(f"docker restart of a container ignoring SIGTERM: {step['seconds']}s (--time 4)")
+    finally:
+        daemon.cli("rm", "--force", name, check=False)
 
 
 def test_the_container_booting_is_seen_starting_then_idle(
@@ -246,6 +283,55 @@ def test_published_port_dump_finds_every_rank_behind_docker_proxy(engines: Engin
     code, m = dump(engine.url, tmp_path / "incidents", engine.daemon)
     assert code == 0, m
     every_rank_dumped(m, engine)
+
+
+def test_published_port_evidence_is_read_inside_the_container(
+        engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same container (-p, docker-proxy), the engine venv at /opt/vllm-venv inside (the host has no such path):
+    the bundle's versions come from the venv inside (torch is nowhere else), its log tail from `docker logs`; the
+    restart's /dev/shm check lists the container's own /dev/shm; the Flight Recorder's pipe, named in the container's
+    environment, is written inside the container and its dump read back from there."""
+    engine = engines.get("published")
+    monkeypatch.setenv("DOCKER_HOST", engine.daemon.host)
+    assert not VENV_INSIDE.exists()
+    venv_names = {p.name for p in (engine.python.parent.parent / "lib").glob("python3*/site-packages/*.dist-info")}
+    torch = next(n for n in venv_names if n.startswith("torch-")).removeprefix("torch-").removesuffix(".dist-info")
+    cfg = tmp_path / "named.toml"
+    cfg.write_text(f"[capture]\ndocker_container = {json.dumps(engine.name)}\n")
+    code, m = dump(engine.url, tmp_path / "incidents", engine.daemon, "--config", str(cfg))
+    assert code == 0, m
+    assert m["versions"].get("torch") == torch and m["versions"].get("vllm"), m["versions"]
+    assert m["log_source"] == "docker logs --tail", m["log_source"]
+    tail = next((tmp_path / "incidents").rglob("log-tail.txt")).read_text()
+    theirs = engine.log_tail(400)
+    mine = [line for line in tail.splitlines() if "Application startup complete" in line or "vLLM" in line]
+    assert mine and all(line in theirs for line in mine), tail[-2000:]
+
+    # /dev/shm: vLLM's own segments (in use) and one made inside, found in the container's /dev/shm, not the host's
+    made = f"psm_ewtest{engine.host_port}"
+    engine.exec("/usr/bin/touch", f"/dev/shm/{made}")
+    try:
+        report = LocalShm(False, root=container_root(engine.name))()
+    finally:
+        engine.exec("/usr/bin/rm", "-f", f"/dev/shm/{made}")
+    assert not report.error and (made, 0) in report.stale and report.in_use >= 1, report
+    assert not Path("/dev/shm", made).exists()
+
+    # the Flight Recorder: the pipe its environment names, made inside; a reader there answers with a dump
+    worker = engine.process("VLLM::Worker_TP0")
+    engine.exec("/usr/bin/mkfifo", "/tmp/fr_pipe_0.pipe")
+    engine.exec("/bin/sh", "-c", "cat /tmp/fr_pipe_0.pipe > /tmp/fr_got && "
+                "printf '{\"version\": \"2.10\", \"entries\": []}' > /tmp/fr_dump_0", detach=True)
+    deadline, result = time.monotonic() + 15, None
+    while time.monotonic() < deadline:  # until the detached reader has the pipe open
+        result = trigger([worker.pid], settle=5.0)
+        if result.ranks and "nobody reads" not in result.ranks[0].error:
+            break
+        time.sleep(0.3)
+    assert result is not None and [r.rank for r in result.ranks] == [0], result
+    assert result.ranks[0].error == "" and b'"entries"' in result.ranks[0].data, result
+    assert engine.exec("/usr/bin/cat", "/tmp/fr_got") == "1\n"
+    assert not Path("/tmp/fr_pipe_0.pipe").exists() and not Path("/tmp/fr_dump_0").exists()
 
 
 def test_userland_proxy_off_serves_through_the_nat(

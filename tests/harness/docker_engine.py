@@ -4,8 +4,14 @@ No registry is reachable, so the image is made here: `docker import` of a tarbal
 merged-/usr symlinks (bin, lib, lib64, sbin) and a minimal /etc (passwd, group). Its tag carries the tarball's
 hash, so a second run (the daemon's data root is under the cache) finds it and builds nothing. What the engine
 needs comes in at run time through read-only bind mounts: the host's /usr (Python's shared libraries, the C
-library), the Python installation the engine venv's python links into, the engine venv and the model. /tmp and
-/root (HOME) are tmpfs; /dev/shm is the container's own (``--shm-size``), unless ``ipc_host``.
+library), the Python installation the engine venv's python links into (at its own path: the venv's ``pyvenv.cfg``
+``home`` names it), the model (at its own path), and the engine venv at `VENV_INSIDE`, a path the host does not
+have: what the watchdog reads of the venv (versions) it must read inside the container. The command is that venv's
+own ``bin/python`` (a link into the Python installation; started by the link's path, Python finds ``pyvenv.cfg``
+beside it, and its prefix is the venv). /tmp and /root (HOME) are tmpfs; /dev/shm is the container's own
+(``--shm-size``), unless ``ipc_host``. The environment names a Flight Recorder (`FR_ENV`: buffer, pipe and dump
+prefixes in the container's /tmp, ``SPT_NOENV=1`` so titled processes keep their environ): the CPU engine makes no
+pipe (gloo has no dump pipe), a test makes one inside the container.
 
 The command line and environment are the bare servers' (`tests.harness.server.VllmServer.args`, `BASE_ENV`): only
 the address differs. Shapes (`SHAPES`):
@@ -41,6 +47,9 @@ from tests.harness.metrics import watched
 from tests.harness.server import BASE_ENV, VllmServer, free_port, one_titled, titled
 
 SHAPES = ("published", "host", "proxy-off")
+VENV_INSIDE = Path("/opt/vllm-venv")  # where the container sees the engine venv; nothing is there on the host
+FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/fr_pipe_",
+          "TORCH_FR_DUMP_TEMP_FILE": "/tmp/fr_dump_", "SPT_NOENV": "1"}
 CONTAINER_PORT = 8000
 IMAGE_REPO = "engine-watchdog-test/base"
 
@@ -90,7 +99,8 @@ class DockerVllm:
         self.host_port = free_port()
         inside = ("127.0.0.1", self.host_port) if shape == "host" else ("0.0.0.0", CONTAINER_PORT)
         # the bare server's own command line (never started): only the address differs
-        self.spec = VllmServer(self.python, self.model, Path("/tmp"), host=inside[0], port=inside[1], name=name)
+        self.spec = VllmServer(VENV_INSIDE / "bin" / "python", self.model, Path("/tmp"), host=inside[0],
+                               port=inside[1], name=name)
         self.model_name = self.spec.model_name
         self.shm_size, self.ipc_host = shm_size, ipc_host
         self.started_at: float | None = None
@@ -104,7 +114,11 @@ class DockerVllm:
         venv = self.python.parent.parent
         # the installation the venv's python links into (pyenv's here: /root/.pyenv/versions/3.11.7)
         python_home = Path(os.path.realpath(self.python)).parents[1]
-        mounts = [Path("/usr"), *([] if python_home.is_relative_to("/usr") else [python_home]), venv, self.model]
+        if VENV_INSIDE.exists():
+            raise RuntimeError(f"{VENV_INSIDE} exists on this host: the container's venv must be at a path it lacks")
+        mounts = [(Path("/usr"), Path("/usr")), *([] if python_home.is_relative_to("/usr") else
+                                                  [(python_home, python_home)]),
+                  (venv, VENV_INSIDE), (self.model, self.model)]
         args = ["run", "--detach", "--name", self.name, "--label", LABEL, "--workdir", "/tmp",
                 "--tmpfs", "/tmp:exec,mode=1777", "--tmpfs", "/root:mode=0700"]
         args += ["--ipc", "host"] if self.ipc_host else ["--shm-size", self.shm_size]
@@ -112,9 +126,9 @@ class DockerVllm:
             args += ["--network", "host"]
         else:
             args += ["--publish", f"127.0.0.1:{self.host_port}:{CONTAINER_PORT}"]
-        for m in mounts:
-            args += ["--volume", f"{m}:{m}:ro"]
-        env = {**BASE_ENV, "HOME": "/root", "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"}
+        for there, inside in mounts:
+            args += ["--volume", f"{there}:{inside}:ro"]
+        env = {**BASE_ENV, **FR_ENV, "HOME": "/root", "PATH": f"{VENV_INSIDE}/bin:/usr/local/bin:/usr/bin:/bin"}
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
         return [*args, self.image, *self.spec.args]
@@ -162,6 +176,10 @@ class DockerVllm:
 
     def process(self, title: str) -> psutil.Process:
         return one_titled(self.processes(), title)
+
+    def exec(self, *argv: str, detach: bool = False, timeout: float = 30.0) -> str:
+        """``docker exec`` in the running container (the host's /usr is there): its stdout; raises when it fails."""
+        return self.daemon.cli("exec", *(["--detach"] if detach else []), self.name, *argv, timeout=timeout).stdout
 
     def log_tail(self, n: int = 60) -> str:
         r = self.daemon.cli("logs", "--tail", str(n), self.name, check=False)
