@@ -71,6 +71,8 @@ def test_output_said_keeps_the_last_lines_on_one_line() -> None:
     assert output_said("a\n\nb\nc\nError response from daemon: No such container: x\n") == \
         "b | c | Error response from daemon: No such container: x"
     assert len(output_said("x" * 1000)) == 300
+    assert output_said("Flag --time has been deprecated, use --timeout instead\nError response from daemon: x\n") \
+        == "Error response from daemon: x"
 
 
 def test_a_failed_docker_step_says_dockers_own_reason() -> None:

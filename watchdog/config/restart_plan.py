@@ -149,8 +149,10 @@ def killed_note(verb: str, given: int, took: float, signals: str | None) -> str:
 
 
 def output_said(output: str, limit: int = 300) -> str:
-    """The last lines a failed command printed (docker's and systemctl's own reason), one line, at most ``limit``."""
-    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    """The last lines a failed command printed (docker's and systemctl's own reason), one line, at most ``limit``.
+    A CLI's deprecation notice is left out (docker 23+ says "Flag --time has been deprecated" before its reason)."""
+    lines = [line.strip() for line in output.strip().splitlines()
+             if line.strip() and "has been deprecated" not in line]
     said = " | ".join(lines[-3:])
     return said if len(said) <= limit else "..." + said[-(limit - 3):]
 
