@@ -293,7 +293,7 @@ class Responder:
             return
         inc.phase, self._said = "open", ""
         self._save()
-        self._event(inc, "restart_failed", stage=done.stage, error=done.detail)
+        self._event(inc, "restart_failed", stage=done.stage, error=done.detail, attempt=inc.attempts)
         self._alert(inc, "restart_failed", f"{done.stage}: {done.detail}", {"kind": inc.kind, "stage": done.stage,
                     "error": done.detail, "attempt": inc.attempts}, runbook=Runbook.RESTART_FAILED)
 
