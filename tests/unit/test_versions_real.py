@@ -87,3 +87,19 @@ def test_a_stopped_worker_under_load_is_stuck_and_the_culprit(version: str) -> N
     assert classes["VLLM::Worker_TP0"] is Cls.IN_COLLECTIVE, classes
     assert classes["VLLM::EngineCore"] is Cls.ENGINE_WAITING_WORKERS, classes
     assert f.cross_rank.culprit is not None and "Worker_TP1" in f.cross_rank.culprit, f.cross_rank
+
+
+# The only frames of the recorded main threads that differ (docs/versions.md): 0.32.0 runs EngineCore's loop under
+# fault_tolerant_wrapper (vllm/v1/fault_tolerance/, absent in 0.25.1) and a worker's step through
+# WorkerProc._execute_worker_rpc (inline in worker_busy_loop in 0.25.1). No rule reads either.
+ONLY_IN_0_32 = {"fault_tolerant_wrapper.<locals>.run_with_fault_tolerance", "WorkerProc._execute_worker_rpc"}
+
+
+@pytest.mark.parametrize("case", ["idle", "stopped_worker"])
+@pytest.mark.parametrize("title", ["EngineCore", "Worker_TP0", "Worker_TP1"])
+def test_the_main_threads_differ_only_outside_what_the_rules_read(case: str, title: str) -> None:
+    def main_thread(version: str) -> list[str]:
+        dump = json.loads((recorded(version) / case / f"round1-VLLM-{title}.json").read_text())
+        return [f["name"] for t in dump if t.get("thread_name") == "MainThread" for f in t["frames"]]
+    old, new = main_thread("0.25.1"), main_thread("0.32.0")
+    assert old and [f for f in new if f not in ONLY_IN_0_32] == old, (old, new)
