@@ -198,7 +198,7 @@ def killed_once(wd: WatchdogProcess, victim: Any, label: str) -> dict[str, Any]:
          "kill_to_restart_s": round(event_time(started) - killed, 2),
          "restart_to_serving_s": round(event_time(recovered) - event_time(started), 2),
          "kill_to_serving_s": round(event_time(recovered) - killed, 2),
-         "incident_kind": opened.get("kind"), "steps_ok": steps.get("ok")}
+         "incident_kind": opened.get("kind"), "steps_ok": steps.get("ok"), "steps_s": steps.get("seconds")}
     print(f"  killed ({label}): serving again {r['kill_to_serving_s']}s after the kill "
           f"(restart issued at {r['kill_to_restart_s']}s)", flush=True)
     return r
