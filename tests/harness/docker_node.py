@@ -75,15 +75,15 @@ class NodeDocker(DockerDaemon):
 
     def start(self, timeout: float = 60.0) -> NodeDocker:
         self.mounts_before = {mid for mid, _ in self.mount_ids()}
-        # the node's own /run (its mount namespace only: rprivate since the node's boot)
-        self.in_node("sh", "-c", "mount -t tmpfs -o mode=0755,size=64m tmpfs /run && mkdir -m 0755 /run/sshd")
-        # `ip netns exec` gave the node a sysfs of its own, without the cgroup hierarchies dockerd needs: the host's
-        # are mounted again there (the same hierarchies, so the node's containers are in the host's cgroup trees)
-        self.in_node("mount", "-t", "tmpfs", "-o", "mode=0755,size=1m", "cgroup_root", CGROUP_ROOT)
-        for kind, path, options in host_cgroup_mounts():
-            self.in_node("mkdir", "-p", path)
-            self.in_node("mount", "-t", kind, "-o", options, kind, path)
         try:
+            # the node's own /run (its mount namespace only: rprivate since the node's boot)
+            self.in_node("sh", "-c", "mount -t tmpfs -o mode=0755,size=64m tmpfs /run && mkdir -m 0755 /run/sshd")
+            # `ip netns exec` gave the node a sysfs of its own, without the cgroup hierarchies dockerd needs: the
+            # host's are mounted again there (the same hierarchies: the node's containers are in the host's trees)
+            self.in_node("mount", "-t", "tmpfs", "-o", "mode=0755,size=1m", "cgroup_root", CGROUP_ROOT)
+            for kind, path, options in host_cgroup_mounts():
+                self.in_node("mkdir", "-p", path)
+                self.in_node("mount", "-t", kind, "-o", options, kind, path)
             super().start(timeout)
         except BaseException:
             self.stop()
