@@ -119,15 +119,9 @@ def head_watchdog(pair: TwoNodeVllm, tmp_path: Path) -> Iterator[Callable[[], He
         print(f"--- watchdog log ({w.log_path}), last lines ---\n{w.log_tail(40)}")
 
 
+
 def wait_for(what: str, probe: Callable[[], Any], timeout: float, w: HeadWatchdog) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s; events: {[e['event'] for e in w.events()]}; "
-                         f"status: {w.status().get('engines')}\n{w.log_tail(40)}")
+    return w.wait_for(what, probe, timeout)
 
 
 def node_event(w: HeadWatchdog, state: str, after: float) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,15 +90,9 @@ def head_watchdog(pair: DockerWorkerPair, tmp_path: Path) -> Iterator[HeadWatchd
     print(f"--- watchdog log ({w.log_path}), last lines ---\n{w.log_tail(40)}")
 
 
-def wait_for(what: str, probe: Any, timeout: float, w: HeadWatchdog) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s; events: {[e['event'] for e in w.events()]}\n"
-                         f"{w.log_tail(40)}")
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float, w: HeadWatchdog) -> Any:
+    return w.wait_for(what, probe, timeout)
 
 
 def node_ok(w: HeadWatchdog) -> bool:

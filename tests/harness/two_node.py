@@ -22,8 +22,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -172,6 +173,18 @@ class HeadWatchdog(WatchdogProcess):
             return load_status(self.state_dir, time.time()) or {}
         except (OSError, ValueError):
             return {}
+
+    def wait_for(self, what: str, probe: Callable[[], Any], timeout: float) -> Any:
+        """probe()'s first true answer within ``timeout`` s (polled every 0.2 s); else an AssertionError with the
+        events, the engines' status and the log's tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = probe()
+            if got:
+                return got
+            time.sleep(0.2)
+        raise AssertionError(f"{what}: not within {timeout:.0f}s; events: {[e['event'] for e in self.events()]}; "
+                             f"status: {self.status().get('engines')}\n{self.log_tail(40)}")
 
     def stop(self) -> int | None:
         p = self._popen
