@@ -156,7 +156,10 @@ def test_livelock_is_frozen_as_a_livelock(injected: Injected, watch: Watch) -> N
     injected.fault("livelock")
     began = time.time()
     frozen = w.wait_for_state("frozen", 240, after=began)
-    assert frozen["reason"].startswith("stacks confirm: livelock: EngineCore turns its own loop"), frozen
+    # at once, or on a re-check of what a first capture took for a long step (a clean-clone CI run on a 2-core box saw
+    # "stacks confirm on a re-check of a long step: livelock: ..."); the kind and the cause are checked either way
+    reason = frozen["reason"]
+    assert reason.startswith("stacks confirm") and ": livelock: EngineCore turns its own loop" in reason, frozen
     running, waiting = injected.page()
     assert running >= 1, (running, waiting)
     m = bundle_of(w, frozen)
