@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from watchdog.core.ring import Ring
 from watchdog.core.roles import Role
 
 
@@ -79,6 +80,9 @@ class Capture:
     native: dict[int, Dump] = field(default_factory=dict)
     # other nodes whose stacks could not be taken at all: their ranks are missing, so "every rank" was not read
     unseen_nodes: tuple[str, ...] = ()
+    # the broadcast rings' flags, read once after the rounds (watchdog.evidence.collect.ring): a written block that a
+    # parked reader never took is the lost wake-up
+    rings: tuple[Ring, ...] = ()
 
     @property
     def complete(self) -> bool:
