@@ -31,7 +31,8 @@ class Ring:
     node: str = "local"
     writer: str = ""  # the writing process's label (VLLM::EngineCore)
     readers: tuple[str, ...] = ()  # local readers' labels, by local reader rank ("" where not known)
-    layout: str = ""  # which code's layout read it ("vllm 0.25.1"): the engine's version
+    layout: str = ""  # which code's layout read it ("vllm 0.25-0.32"), "" when none fits
+    version: str = ""  # the engine's vLLM version as read ("0.25.1+cpu"), "" when not known
     max_chunks: int = 0
     max_chunk_bytes: int = 0
     blocks: tuple[RingBlock, ...] = ()
