@@ -38,6 +38,7 @@ PURE = (
     "watchdog.evidence.explain.ranks",
     "watchdog.evidence.explain.findings",
     "watchdog.evidence.explain.headline",
+    "watchdog.evidence.explain.known_hangs",
     "watchdog.evidence.gpu.readings",
     "watchdog.evidence.gpu.culprit",
     "watchdog.evidence.gpu.flight_recorder",

@@ -20,6 +20,7 @@ from watchdog.core.processes import Capture
 from watchdog.core.runbooks import runbook_link
 from watchdog.evidence.bundle.per_node import node_lines, per_node
 from watchdog.evidence.collect.context import Context
+from watchdog.evidence.explain import known_hangs
 from watchdog.evidence.explain.findings import Findings, ProcessFinding
 from watchdog.evidence.explain.headline import GpuSaid, Headline, compose
 from watchdog.evidence.gpu.culprit import GpuCulprit, RankView, gpu_culprit
@@ -87,18 +88,24 @@ def _node_of(findings: Findings, name: str | None) -> str | None:
 def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: Context,
              files: list[str], said: Headline | None = None, runbook_base: str = "") -> dict[str, Any]:
     said = said or compose(findings, capture, verdict=inc.reason if inc.state == "frozen" else "")
+    logs = "\n".join([context.log_tail, *(n.log_tail for n in context.nodes.values())])
+    hangs = known_hangs.match(findings, capture, logs, context.versions.get("vllm", ""))  # ends the headline
     return {
         "version": MANIFEST_VERSION,
         "id": inc.id, "created": datetime.fromtimestamp(inc.created, UTC).isoformat(), "engine": inc.engine,
         "state": inc.state, "reason": inc.reason, "url": inc.url,
         # what happened, from the cause down, and the runbook of that cause (watchdog.evidence.explain.headline)
-        "headline": said.text, "runbook": said.runbook.value, "runbook_link": runbook_link(said.runbook, runbook_base),
+        "headline": known_hangs.with_clause(said.text, hangs), "runbook": said.runbook.value,
+        "runbook_link": runbook_link(said.runbook, runbook_base),
         "capture_complete": findings.complete, "capture_failures": _failures(capture),
         "decision": findings.decision.value, "decision_reason": findings.reason,
         "stuck_kind": findings.stuck_kind.value if findings.stuck_kind else None,
         "culprit": findings.cross_rank.culprit, "culprit_node": _node_of(findings, findings.cross_rank.culprit),
         "cross_rank": findings.cross_rank.reason,
         "cross_rank_frames": _frames(findings.cross_rank.frames),
+        # a known vLLM hang this evidence shows, with its sources and the release that fixed it (None: no match)
+        "known_hang": known_hangs.manifest_entry(hangs),
+        "known_hang_said": hangs[0].clause if hangs else known_hangs.NO_MATCH,
         "poll_parking": {"status": findings.hypothesis.status.value, "reason": findings.hypothesis.reason,
                          "frames": _frames(findings.hypothesis.frames),
                          "spec_decode_frames": _frames(findings.hypothesis.spec_frames)},
@@ -132,6 +139,7 @@ def summary(m: dict[str, Any]) -> str:
         + (f" on node {m['culprit_node']}" if m.get("culprit_node") not in (None, "local") else "")
         + f": {m['cross_rank']}",
         f"- poll-parking hypothesis: **{m['poll_parking']['status']}**: {m['poll_parking']['reason']}",
+        f"- known vLLM hang: {known_hangs.said(m.get('known_hang'))}",
         f"- capture complete: {'yes' if m['capture_complete'] else 'NO'}" + _kinds(m.get("capture_failures", []))
         + (f"; shared-memory ring warnings in the log: {m['ring_buffer_warnings_in_log']}" if m["log_source"] else ""),
         *([f"- {line}" for line in node_lines(m["nodes"])] if len(m.get("nodes") or {}) > 1 else []),
