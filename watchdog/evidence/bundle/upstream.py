@@ -3,9 +3,10 @@ Pure: what the CLI read of the bundle and the state directory in, Markdown out.
 
 It says: versions (the bundle's, and what the frames' paths show: Python, the NVIDIA driver, the CUDA runtime),
 the topology (ranks per node), the verdict and the page around the stall, the culprit and its node, the poll-parking
-hypothesis, each process's deciding frames, the GPU evidence in short, and the timeline. Free text passes through
-`redact.scrub` (docs/upstream-report.md gives the rules); the raw dumps are read only when the manifest cannot be,
-through the parser, which never keeps locals; the log tail, the environment and the metrics page's text are never
+hypothesis, the known vLLM hang the evidence matches (its issues and PRs, the release that fixed it), each process's
+deciding frames, the GPU evidence in short, and the timeline. Free text passes through `redact.scrub`
+(docs/upstream-report.md gives the rules); the raw dumps are read only when the manifest cannot be, through the
+parser, which never keeps locals; the log tail, the environment and the metrics page's text are never
 taken at all.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from watchdog.core.roles import title_in
 from watchdog.evidence.bundle.redact import one_line, scrub, short_path
 from watchdog.evidence.bundle.timeline import Stall, hms, stall, suspected_at, timeline, wall_of
+from watchdog.evidence.explain import known_hangs
 from watchdog.evidence.explain.ranks import classify, cross_rank, poll_parking
 from watchdog.evidence.stacks.parse import StackParseError, parse_any
 from watchdog.scrape.page import PageError, read_page
@@ -291,6 +293,8 @@ def render(files: BundleFiles, red: Redaction, version: str) -> str:
     if hyp:
         out.append(f"- poll-parking hypothesis (every rank parked in its poll, no one working): "
                    f"**{hyp.get('status')}**: {say(hyp.get('reason', ''))}")
+    if "known_hang" in m:  # bundles from the known-hang table on: the match, its sources, the fixing release
+        out.append(f"- known vLLM hang: {say(known_hangs.said(m.get('known_hang')), 600)}")
     if "capture_complete" in m:
         fails = len(_ls(m.get("capture_failures")))
         out.append(f"- capture complete: {'yes' if m['capture_complete'] else 'NO'}"
