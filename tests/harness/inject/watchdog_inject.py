@@ -1,18 +1,29 @@
-"""Faults injected into vLLM 0.32's V1 scheduler, switched at run time by a flag file (tests only).
+"""Faults injected into vLLM's V1 engine (0.25.1 and 0.32.0), switched at run time by a flag file (tests only).
 
 WATCHDOG_TEST_INJECT names the flag file; its content is the fault, read again at most every 0.2 s:
 
 - ``admission_stall``: no waiting request is ever admitted. ``KVCacheManager.allocate_slots`` answers None (no
   free blocks) for a request that has not started, the scheduler's own "cannot be scheduled" path; EngineCore
   keeps stepping: ``schedule()`` returns an empty batch, the empty step goes to the workers, ``update_from_output``
-  publishes running=0, waiting=N, and the loop turns again.
+  publishes running=0, waiting=N, and the loop turns again. (0.32.0: its scheduler's pause state is needed.)
 - ``livelock``: the requests already running get no tokens: ``Scheduler.schedule`` runs with the scheduler's own
   ``PAUSED_ALL`` state (token budget 0) while there are running requests; EngineCore turns its loop through empty
-  steps with running>0 and nothing moves on the page.
+  steps with running>0 and nothing moves on the page. (0.32.0.)
+- ``lost_wakeup``: the lost wake-up of vLLM PR #45224. In EngineCore (the broadcast ring's writer) every
+  ``SpinCondition.notify`` sends nothing; the block is written to the ring as usual and the remote readers (workers
+  on another node) get their copy over ZMQ as usual. A local reader that has left its busy spin (1 s after its last
+  read) and polls its notify socket never hears of the block: in 0.25.x it polls with no timeout and parks for good;
+  from 0.27.0 it re-checks the ring every 5 s and finds it.
+- ``lost_wakeup_slow``: the same, and EngineCore waits ``SLOW_WRITE_S`` before each write, so the readers are in their
+  poll even under load (as when a step takes over a second at high concurrency).
+- ``diverge``: the ranks diverge once: the first step Worker_TP1 runs with the fault armed ends with a collective its
+  peers never join (a barrier on the TP group's CPU group, after ``execute_model``); Worker_TP0 goes on to the next
+  collective of the step (or of the next step) and waits there for ever. It fires once per arming: the flag must be
+  cleared and written again to fire again.
 - anything else, an empty file or no file: no fault; vLLM behaves as shipped.
 
-The modules are patched right after they are imported (a meta-path finder), in whichever process imports them
-(EngineCore: the scheduler lives there). Nothing is patched when WATCHDOG_TEST_INJECT is unset (sitecustomize).
+The modules are patched right after they are imported (a meta-path finder), in whichever process imports them.
+Nothing is patched when WATCHDOG_TEST_INJECT is unset (sitecustomize).
 """
 
 from __future__ import annotations
@@ -29,7 +40,13 @@ from typing import Any
 ENV = "WATCHDOG_TEST_INJECT"
 ADMISSION_STALL = "admission_stall"
 LIVELOCK = "livelock"
-TARGET = "vllm.v1.core.sched.scheduler"
+LOST_WAKEUP = "lost_wakeup"
+LOST_WAKEUP_SLOW = "lost_wakeup_slow"
+DIVERGE = "diverge"
+SLOW_WRITE_S = 1.3  # past the readers' 1 s busy spin: they poll when the block comes
+SCHEDULER = "vllm.v1.core.sched.scheduler"
+RING = "vllm.distributed.device_communicators.shm_broadcast"
+WORKER = "vllm.v1.worker.gpu_worker"
 
 _cache: list[Any] = [0.0, ""]  # [monotonic time read, mode]
 
@@ -46,10 +63,82 @@ def mode() -> str:
     return str(_cache[1])
 
 
-def _patch(scheduler_module: ModuleType) -> None:
+def _title() -> str:
+    """This process's title as vLLM set it (VLLM::EngineCore, VLLM::Worker_TP1): read at the call, not at import."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return f.read().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _announce(what: str) -> None:
+    print(f"watchdog_inject: patched {what} in pid {os.getpid()} (flag file {os.environ.get(ENV)})",
+          file=sys.stderr, flush=True)
+
+
+def _patch_ring(module: ModuleType) -> None:
+    """lost_wakeup(_slow): EngineCore's notify to its local readers sends nothing (the write is made as usual)."""
+    cond, queue = module.SpinCondition, module.MessageQueue
+    if getattr(cond, "_watchdog_injected", False):
+        return
+    notify: Callable[..., Any] = cond.notify
+    enqueue: Callable[..., Any] = queue.enqueue
+
+    def notify_patched(self: Any) -> Any:
+        if mode() in (LOST_WAKEUP, LOST_WAKEUP_SLOW) and _title().startswith("VLLM::EngineCore"):
+            return None  # dropped, as a PUB socket at its high-water mark drops it
+        return notify(self)
+
+    def enqueue_patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if mode() == LOST_WAKEUP_SLOW and _title().startswith("VLLM::EngineCore"):
+            time.sleep(SLOW_WRITE_S)
+        return enqueue(self, *args, **kwargs)
+
+    cond.notify = notify_patched
+    queue.enqueue = enqueue_patched
+    cond._watchdog_injected = True
+    _announce(RING)
+
+
+_fired: list[bool] = [False]  # diverge fired in this arming
+
+
+def _patch_worker(module: ModuleType) -> None:
+    """diverge: Worker_TP1 enters one collective its peers never join, once, right after a step's execute_model."""
+    worker = module.Worker
+    if getattr(worker, "_watchdog_injected", False):
+        return
+    execute: Callable[..., Any] = worker.execute_model
+
+    def execute_patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = execute(self, *args, **kwargs)
+        if mode() != DIVERGE:
+            _fired[0] = False
+            return out
+        from vllm.distributed.parallel_state import get_tp_group
+
+        tp = get_tp_group()
+        if not _fired[0] and tp.world_size > 1 and tp.rank_in_group == 1:
+            _fired[0] = True
+            print(f"watchdog_inject: diverge: {_title()} enters a barrier its peers never join", file=sys.stderr,
+                  flush=True)
+            tp.barrier()
+        return out
+
+    worker.execute_model = execute_patched
+    worker._watchdog_injected = True
+    _announce(WORKER)
+
+
+def _patch_scheduler(scheduler_module: ModuleType) -> None:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.core.sched.interface import PauseState
     from vllm.v1.request import RequestStatus
+
+    try:
+        from vllm.v1.core.sched.interface import PauseState
+    except ImportError:  # vLLM 0.25: no pause state; the livelock fault is 0.32's
+        PauseState = None
 
     scheduler_cls = scheduler_module.Scheduler
     if getattr(scheduler_cls, "_watchdog_injected", False):
@@ -63,7 +152,7 @@ def _patch(scheduler_module: ModuleType) -> None:
         return allocate(self, request, *args, **kwargs)
 
     def schedule_patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if mode() == LIVELOCK and self.running:
+        if mode() == LIVELOCK and self.running and PauseState is not None:
             saved, self._pause_state = self._pause_state, PauseState.PAUSED_ALL
             try:
                 return schedule(self, *args, **kwargs)
@@ -74,8 +163,11 @@ def _patch(scheduler_module: ModuleType) -> None:
     KVCacheManager.allocate_slots = allocate_slots  # type: ignore[method-assign]
     scheduler_cls.schedule = schedule_patched
     scheduler_cls._watchdog_injected = True
-    print(f"watchdog_inject: patched {TARGET} in pid {os.getpid()} (flag file {os.environ.get(ENV)})",
-          file=sys.stderr, flush=True)
+    _announce(SCHEDULER)
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {SCHEDULER: _patch_scheduler, RING: _patch_ring,
+                                                     WORKER: _patch_worker}
 
 
 class _Loader(importlib.abc.Loader):
@@ -87,13 +179,13 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
-        _patch(module)
+        PATCHES[module.__name__](module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TARGET:
+        if fullname not in PATCHES:
             return None
         for finder in sys.meta_path:
             if finder is self:
@@ -106,7 +198,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    if TARGET in sys.modules:
-        _patch(sys.modules[TARGET])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+    for name, patch in PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
