@@ -21,6 +21,7 @@ from watchdog.evidence.bundle.write import BundleError, BundleHeader, prune, sai
 from watchdog.evidence.collect.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
 from watchdog.evidence.collect.context import Context, LogSource, fetch_metrics_page, gather
 from watchdog.evidence.collect.discover import discover
+from watchdog.evidence.collect.ring import read_engine_rings
 from watchdog.evidence.explain.findings import Findings, PageWork, assess
 from watchdog.evidence.gpu.gather import gather_gpu
 from watchdog.evidence.gpu.nvml import GpuMonitor
@@ -91,8 +92,10 @@ class Investigator:
         page = self.page_work(engine)  # at suspicion, before the capture's gap: livelock and admission-stall rules
         processes = self.finder()
         def local() -> Capture:
-            return self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap,
-                                         native_pids=self._gpu_holders(processes))
+            taken = self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap,
+                                          native_pids=self._gpu_holders(processes))
+            # the broadcast ring's flags, read once after the rounds, never written (docs/ring.md)
+            return replace(taken, rings=read_engine_rings(taken.processes, self.capturer.clock()))
 
         # every other node's capture runs beside ours, merged into one (watchdog.nodes.remote)
         capture = self.remote.capture_with(local) if self.remote is not None else local()

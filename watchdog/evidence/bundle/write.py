@@ -23,6 +23,7 @@ from watchdog.evidence.collect.context import Context
 from watchdog.evidence.explain import known_hangs
 from watchdog.evidence.explain.findings import Findings, ProcessFinding
 from watchdog.evidence.explain.headline import GpuSaid, Headline, compose
+from watchdog.evidence.explain.ring_said import ring_to_dict, said_all
 from watchdog.evidence.gpu.culprit import GpuCulprit, RankView, gpu_culprit
 from watchdog.evidence.gpu.gather import GpuEvidence, write_gpu_files
 from watchdog.evidence.gpu.readings import corroborate, gpu_of
@@ -106,6 +107,7 @@ def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: C
         # a known vLLM hang this evidence shows, with its sources and the release that fixed it (None: no match)
         "known_hang": known_hangs.manifest_entry(hangs),
         "known_hang_said": hangs[0].clause if hangs else known_hangs.NO_MATCH,
+        "ring": said_all(capture.rings),  # the broadcast ring's flags in words (ring.json: every block)
         "poll_parking": {"status": findings.hypothesis.status.value, "reason": findings.hypothesis.reason,
                          "frames": _frames(findings.hypothesis.frames),
                          "spec_decode_frames": _frames(findings.hypothesis.spec_frames)},
@@ -140,6 +142,7 @@ def summary(m: dict[str, Any]) -> str:
         + f": {m['cross_rank']}",
         f"- poll-parking hypothesis: **{m['poll_parking']['status']}**: {m['poll_parking']['reason']}",
         f"- known vLLM hang: {known_hangs.said(m.get('known_hang'))}",
+        *([f"- broadcast ring: {m['ring']}"] if m.get("ring") else []),
         f"- capture complete: {'yes' if m['capture_complete'] else 'NO'}" + _kinds(m.get("capture_failures", []))
         + (f"; shared-memory ring warnings in the log: {m['ring_buffer_warnings_in_log']}" if m["log_source"] else ""),
         *([f"- {line}" for line in node_lines(m["nodes"])] if len(m.get("nodes") or {}) > 1 else []),
@@ -239,6 +242,9 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
                 files.append(name)
         if gpu is not None:
             files += write_gpu_files(partial, gpu)
+        if capture.rings:  # every ring read, its blocks and flags (docs/ring.md)
+            _write(partial / "ring.json", json.dumps([ring_to_dict(r) for r in capture.rings], indent=2) + "\n")
+            files.append("ring.json")
         m = manifest(inc, capture, findings, context, files, headline_of(inc, capture, findings, gpu), runbook_base)
         if gpu is not None:
             m["gpu"] = gpu_manifest(gpu, findings)

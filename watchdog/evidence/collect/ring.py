@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from watchdog.core.processes import EngineProcess
 from watchdog.core.ring import Ring
 from watchdog.core.roles import Role, title_in
+from watchdog.evidence.collect.context import installed_versions
 from watchdog.evidence.explain.ring_layout import Layout, layout_for, ring_error, ring_of, version_refusal
 from watchdog.host.files import open_checked
 from watchdog.host.ns_paths import root_of
@@ -166,3 +167,16 @@ def read_rings(processes: Sequence[EngineProcess], version: str, t: float = 0.0,
             out.append(ring_error(f"reading failed: {type(e).__name__}: {str(e)[:200]}", writer=_name(core),
                                   version=version, t=t))
     return tuple(out)
+
+
+def read_engine_rings(processes: Sequence[EngineProcess], t: float = 0.0, proc: str = "/proc") -> tuple[Ring, ...]:
+    """`read_rings` with the engine's vLLM version read from its own site-packages (`context.installed_versions`:
+    /proc and directory listings only, no subprocess)."""
+    cores = [p.pid for p in processes if p.role == Role.ENGINE_CORE and p.node == "local"]
+    if not cores or not any(p.role == Role.WORKER and p.node == "local" for p in processes):
+        return ()
+    try:
+        version = installed_versions(cores, None, proc=proc).get("vllm", "")
+    except Exception:  # the version's own reading failed: the ring says it was not known
+        version = ""
+    return read_rings(processes, version, t, proc)
