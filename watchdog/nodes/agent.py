@@ -32,6 +32,8 @@ from watchdog.core.processes import EngineProcess
 from watchdog.evidence.collect.capture import Capturer, find_pyspy
 from watchdog.evidence.collect.context import LogSource, installed_versions, log_tail
 from watchdog.evidence.collect.discover import discover
+from watchdog.evidence.collect.ring import read_engine_rings
+from watchdog.evidence.explain.ring_said import ring_to_dict
 from watchdog.host.ptrace import attach_check
 from watchdog.host.run import LocalRunner
 from watchdog.nodes import audit
@@ -192,6 +194,13 @@ class Agent:
         self.done = {"argv": list(r.argv), "rc": r.rc, "timed_out": r.timed_out, "duration": round(r.duration, 3)}
         return {"argv": list(r.argv), "rc": r.rc, "duration": r.duration, "timed_out": r.timed_out,
                 "output": r.output, "error": r.error}
+
+    def verb_ring(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The broadcast ring's flags of this node's engine processes: read-only (O_RDONLY, one pread of the flag
+        bytes, never mapped), bounded (`watchdog.evidence.collect.ring`); every failure is said in the ring."""
+        rings = read_engine_rings(self.processes(), time.monotonic())
+        self.done = {"rings": [r.segment for r in rings], "errors": [r.error[:200] for r in rings if r.error]}
+        return {"time": time.time(), "monotonic": time.monotonic(), "rings": [ring_to_dict(r) for r in rings]}
 
     def verb_shm(self, args: dict[str, Any]) -> dict[str, Any]:
         remove = args["remove"]

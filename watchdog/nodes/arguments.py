@@ -69,6 +69,7 @@ ARGS: dict[str, dict[str, Spec]] = {
     "liveness": {"interval": Num(2.0, *LIVENESS_INTERVAL)},
     "run": {"argv": Argv(), "timeout": Num(300.0, 0.1, 7200)},
     "shm": {"remove": Bool(False)},
+    "ring": {},  # read-only: the broadcast ring's flags of this node's engine processes
 }
 REQUIRED = {"run": ("argv",)}
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, ProcFacts
+from watchdog.core.ring import Ring, RingBlock
 from watchdog.core.roles import Role
 
 PROTOCOL = 1
-VERBS = ("version", "list", "stacks", "context", "liveness", "run", "shm")
+VERBS = ("version", "list", "stacks", "context", "liveness", "run", "shm", "ring")
 MAX_REQUEST_BYTES = 64 * 1024  # what the agent reads of a request, at most
 # /proc state letter -> rank state
 RANK_STATES = {"R": "running", "S": "running", "D": "running", "I": "running", "T": "stopped", "t": "stopped",
@@ -259,6 +260,38 @@ def capture_to_json(c: Capture) -> dict[str, Any]:
     return {"processes": [process_to_json(p) for p in c.processes],
             "rounds": [[dump_to_json(d) for d in r.values()] for r in c.rounds],
             "problems": list(c.problems), "options": c.options}
+
+
+MAX_RINGS, MAX_RING_BLOCKS, MAX_RING_READERS = 64, 64, 1024
+
+
+def _count(value: object, what: str, high: int = 1 << 40) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise ProtocolError(f"{what} is not a count")
+    return value
+
+
+def ring_from_json(d: object, node: str) -> Ring:
+    """One ring of ``node``'s ``ring`` answer (`watchdog.evidence.explain.ring_said.ring_to_dict`), every field
+    checked: bounded lists, flags true or false, one read flag per reader."""
+    if not isinstance(d, dict):
+        raise ProtocolError("bad ring in the agent's answer: not an object")
+    readers, blocks = d.get("readers") or [], d.get("blocks") or []
+    if not isinstance(readers, list) or len(readers) > MAX_RING_READERS or not isinstance(blocks, list) \
+            or len(blocks) > MAX_RING_BLOCKS:
+        raise ProtocolError("bad ring in the agent's answer: readers or blocks not a bounded list")
+    out = []
+    for b in blocks:
+        read = b.get("read") if isinstance(b, dict) else None
+        if not isinstance(read, list) or len(read) != len(readers):
+            raise ProtocolError("bad ring block in the agent's answer: not one read flag per reader")
+        out.append(RingBlock(_count(b.get("index"), "block index", MAX_RING_BLOCKS),
+                             _boolean(b.get("written"), "written"), tuple(_boolean(r, "read") for r in read)))
+    return Ring(clean(d.get("segment") or "", 128), node, clean(d.get("writer") or "", 256),
+                tuple(clean(r, 256) for r in readers), clean(d.get("layout") or "", 64),
+                clean(d.get("version") or "", 64), _count(d.get("max_chunks", 0), "max_chunks"),
+                _count(d.get("max_chunk_bytes", 0), "max_chunk_bytes"), tuple(out),
+                clean(d.get("error") or "", 1000), number(d.get("t", 0.0), "t"))
 
 
 @dataclass(frozen=True, slots=True)

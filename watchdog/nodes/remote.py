@@ -21,10 +21,12 @@ from typing import Any
 
 from watchdog.config.load import Config
 from watchdog.core.processes import Capture, Dump, EngineProcess, NodeContext
+from watchdog.core.ring import Ring
 from watchdog.core.roles import ENGINE_ROLES
 from watchdog.evidence.collect.context import RING_WARNING, Context
 from watchdog.host.run import RunResult
 from watchdog.nodes.protocol import (
+    MAX_RINGS,
     ProtocolError,
     clean,
     dump_from_json,
@@ -32,10 +34,12 @@ from watchdog.nodes.protocol import (
     number,
     pid_of,
     process_from_json,
+    ring_from_json,
 )
 from watchdog.nodes.transport import NodeError, NodeLink
 
 KEY_SHIFT = 23
+RING_TIMEOUT = 20.0  # the agent's `ring`: /proc maps and a few small reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class NodeCapture:
     clock_offset: float | None = None  # the node's wall clock minus ours, seconds (low by the answer's way back)
     reachable: bool = True  # False: the call did not get through (unreachable, timed out)
     failed: bool = False  # no stacks from this node at all (the call or its answer failed)
+    rings: tuple[Ring, ...] = ()  # its broadcast rings' flags, read by its agent after the stacks (`ring`)
 
 
 class RemoteEvidence:
@@ -82,7 +87,7 @@ class RemoteEvidence:
             # was taken against the middle of the call, which holds the whole capture)
             self.offsets[name] = round(number(a.get("wall"), "wall") - got, 3)
             problems = tuple(f"node {name}: {clean(p)}" for p in _strings(cap.get("problems")))
-            return NodeCapture(name, tuple(procs), rounds, problems, self.offsets[name])
+            return NodeCapture(name, tuple(procs), rounds, problems, self.offsets[name], rings=self._rings(name))
         except NodeError as e:
             if e.kind in ("unreachable", "timeout", "host_key", "auth"):  # the call did not get through
                 return NodeCapture(name, problems=(f"node {name} unreachable: no stacks: {e.message}",),
@@ -90,6 +95,18 @@ class RemoteEvidence:
             return NodeCapture(name, problems=(f"node {name}: no stacks: {e.message}",), failed=True)
         except ProtocolError as e:
             return NodeCapture(name, problems=(f"node {name}: no stacks: {clean(e)}",), failed=True)
+
+    def _rings(self, name: str) -> tuple[Ring, ...]:
+        """The node's broadcast rings as its agent read them; a failed call is said as a ring not read."""
+        try:
+            got = self.links[name].call("ring", {}, timeout=RING_TIMEOUT).get("rings")
+            if not isinstance(got, list) or len(got) > MAX_RINGS:
+                raise ProtocolError("the answer holds no rings")
+            return tuple(ring_from_json(d, name) for d in got)
+        except NodeError as e:
+            return (Ring("", name, error=f"ring not read: {clean(e.message)}"),)
+        except ProtocolError as e:
+            return (Ring("", name, error=f"ring not read: {clean(e)}"),)
 
     def capture_with(self, local: Callable[[], Capture]) -> Capture:
         names = list(self.links)
@@ -164,6 +181,7 @@ def merge(base: Capture, remote: Sequence[NodeCapture]) -> Capture:
                                                                   "reachable": r.reachable}
                                                          for r in remote}}
     return Capture(tuple(processes), tuple(rounds), tuple(problems), options, dict(base.native),
+                   rings=(*base.rings, *(x for r in remote for x in r.rings)),
                    unseen_nodes=tuple(r.node for r in remote if r.failed or not any(
                        p.role in ENGINE_ROLES for p in r.processes)))
 
