@@ -20,6 +20,8 @@ from typing import Any, Protocol
 from watchdog.core.types import Decision, StackEvidence, State, Transition
 from watchdog.evidence.bundle.investigate import EvidenceDone, EvidenceJob
 from watchdog.evidence.explain.headline import compose
+from watchdog.evidence.explain.known_hangs import match as match_known
+from watchdog.evidence.explain.known_hangs import with_clause
 
 
 class Runner(Protocol):
@@ -88,7 +90,8 @@ class EvidenceCoordinator:
         f = done.evidence.findings
         # what happened, from the cause down, and its runbook: the bundle's (with its GPU evidence) when written
         said = compose(f, done.evidence.capture)
-        headline, runbook = done.said if done.said[0] else (said.text, said.runbook.value)
+        known = match_known(f, done.evidence.capture, vllm=done.evidence.vllm)  # no log here: the stacks and rings
+        headline, runbook = done.said if done.said[0] else (with_clause(said.text, known), said.runbook.value)
         summary: dict[str, Any] = {"decision": f.decision.value, "headline": headline, "runbook": runbook,
                                    "reason": f.reason, "culprit": f.cross_rank.culprit,
                                    "poll_parking": f.hypothesis.status.value, "complete": f.complete,

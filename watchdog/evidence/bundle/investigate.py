@@ -19,7 +19,7 @@ from watchdog.core.processes import Capture, EngineProcess
 from watchdog.core.roles import Role
 from watchdog.evidence.bundle.write import BundleError, BundleHeader, prune, said_of, write_bundle
 from watchdog.evidence.collect.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
-from watchdog.evidence.collect.context import Context, LogSource, fetch_metrics_page, gather
+from watchdog.evidence.collect.context import Context, LogSource, fetch_metrics_page, gather, installed_versions
 from watchdog.evidence.collect.discover import discover
 from watchdog.evidence.collect.ring import read_engine_rings
 from watchdog.evidence.explain.findings import Findings, PageWork, assess
@@ -37,6 +37,7 @@ class Evidence:
     capture: Capture
     findings: Findings
     seconds: float
+    vllm: str = ""  # the engine's vLLM version from its own site-packages ("" when not read): known hangs' fixes
 
 
 class OtherNodes(Protocol):
@@ -100,10 +101,12 @@ class Investigator:
         # every other node's capture runs beside ours, merged into one (watchdog.nodes.remote)
         capture = self.remote.capture_with(local) if self.remote is not None else local()
         findings = assess(capture, work_pending, page)
+        engines = [p.pid for p in processes if p.role == Role.ENGINE_CORE and p.node == "local"]
+        vllm = installed_versions(engines, None).get("vllm", "")  # /proc maps only, no subprocess
         seconds = time.monotonic() - t0
         log.info("stacks of %d processes in %.1fs: %s (%s)", len(processes), seconds, findings.decision.value,
                  findings.reason)
-        return Evidence(capture, findings, seconds)
+        return Evidence(capture, findings, seconds, vllm)
 
     def _gpu_holders(self, processes: list[EngineProcess]) -> frozenset[int]:
         """Engine processes holding a GPU (NVML's last minute), whose waits only native frames show."""

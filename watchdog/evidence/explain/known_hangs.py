@@ -213,6 +213,8 @@ def _log_lines(f: Findings, log_tail: str) -> tuple[str, ...] | None:
     engine = _engine(f)
     if engine is not None and _cls(engine) is not Cls.ENGINE_WAITING_WORKERS:
         return None  # EngineCore is not waiting on a reply now: the lines are of another time (a compile, a load)
+    if any(_cls(p) is Cls.STOPPED for p in f.processes):
+        return None  # a rank stopped from outside (SIGSTOP, a debugger): the wait is explained, no vLLM bug
     seen = []
     if n := log_tail.count(RING_LINE):
         seen.append(f'"{RING_LINE}" {n} time{"s" if n > 1 else ""} in the log tail: EngineCore waited over 60 s '
@@ -250,5 +252,5 @@ def said(entry: dict[str, Any] | None) -> str:
     """One line for a report, from a manifest's ``known_hang`` (None: no match)."""
     if not isinstance(entry, dict) or not entry.get("said"):
         return NO_MATCH
-    src = "; ".join(str(s) for s in entry.get("sources") or [])
-    return f"{entry['said']} (sources: {src})" if src else str(entry["said"])
+    text, src = str(entry["said"]).removeprefix("known hang: "), "; ".join(map(str, entry.get("sources") or []))
+    return f"{text} (sources: {src})" if src else text
