@@ -14,6 +14,8 @@ WATCHDOG_TEST_INJECT names the flag file; its content is the fault, read again a
   on another node) get their copy over ZMQ as usual. A local reader that has left its busy spin (1 s after its last
   read) and polls its notify socket never hears of the block: in 0.25.x it polls with no timeout and parks for good;
   from 0.27.0 it re-checks the ring every 5 s and finds it.
+  Once the flag is cleared, the dropped notifies are sent late (the reader wakes, the step runs): one engine serves
+  one scenario after another.
 - ``lost_wakeup_slow``: the same, and EngineCore waits ``SLOW_WRITE_S`` before each write, so the readers are in their
   poll even under load (as when a step takes over a second at high concurrency).
 - ``diverge``: the ranks diverge once: the first step Worker_TP1 runs with the fault armed ends with a collective its
@@ -32,6 +34,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -85,9 +88,27 @@ def _patch_ring(module: ModuleType) -> None:
     notify: Callable[..., Any] = cond.notify
     enqueue: Callable[..., Any] = queue.enqueue
 
+    def late(dropped: list[Any]) -> None:  # the fault lifted: the dropped notifies are sent, late
+        while mode() in (LOST_WAKEUP, LOST_WAKEUP_SLOW):
+            time.sleep(0.2)
+        with _lock:
+            conds = list(dropped)
+            dropped.clear()
+        for c in conds:
+            notify(c)
+        print(f"watchdog_inject: lost_wakeup lifted: {len(dropped)} dropped notify sent late", file=sys.stderr,
+              flush=True)
+
     def notify_patched(self: Any) -> Any:
         if mode() in (LOST_WAKEUP, LOST_WAKEUP_SLOW) and _title().startswith("VLLM::EngineCore"):
-            return None  # dropped, as a PUB socket at its high-water mark drops it
+            # dropped, as a PUB socket at its high-water mark drops it; sent once the fault is lifted (so one engine
+            # serves several scenarios: in 0.25 nothing else would ever wake the parked reader)
+            with _lock:
+                if not _dropped:
+                    threading.Thread(target=late, args=(_dropped,), name="watchdog-inject-late", daemon=True).start()
+                if self not in _dropped:
+                    _dropped.append(self)
+            return None
         return notify(self)
 
     def enqueue_patched(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -101,6 +122,8 @@ def _patch_ring(module: ModuleType) -> None:
     _announce(RING)
 
 
+_lock = threading.Lock()
+_dropped: list[Any] = []  # the writers whose notify was dropped, until the fault is lifted
 _fired: list[bool] = [False]  # diverge fired in this arming
 
 

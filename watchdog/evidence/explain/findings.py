@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from watchdog.core.processes import Capture, Dump, EngineProcess
+from watchdog.core.ring import Ring
 from watchdog.core.roles import ENGINE_ROLES, Role
 from watchdog.core.types import Decision
+from watchdog.evidence.explain.classes import Status
 from watchdog.evidence.explain.ranks import (
     Cls,
     CrossRankVerdict,
@@ -22,6 +24,8 @@ from watchdog.evidence.explain.ranks import (
     cross_rank,
     poll_parking,
 )
+from watchdog.evidence.explain.ring_layout import family
+from watchdog.evidence.explain.ring_said import said_all
 from watchdog.evidence.stacks.parse import Frame, ProcessStack, StackParseError, parse_pyspy_json
 
 _WORKING = {Cls.MODEL_FORWARD, Cls.COMPILE}  # a rank doing real work: the silence is a long step
@@ -65,6 +69,8 @@ class StuckKind(StrEnum):
     PARKED = "parked"  # every rank parked and nothing moved
     LIVELOCK = "livelock"  # EngineCore turns its loop, burning CPU, and never reaches the model
     ADMISSION_STALL = "admission_stall"  # requests wait, none runs, and nothing moves toward running them
+    LOST_WAKEUP = "lost_wakeup"  # a reader parked in its poll with a block written for it and unread (the ring)
+    DIVERGED = "diverged"  # ranks in collectives that do not match: one entered a collective its peers never join
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +180,52 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
     engine_procs = [f for f in found if f.process.role in ENGINE_ROLES]
     two_rounds = len(capture.rounds) >= 2
     any_moved = any(f.moved for f in engine_procs) if two_rounds else None
-    cross = cross_rank(expls, moved_by_name if two_rounds else None)
-    hypothesis = poll_parking([e for e in expls if e.role in (Role.ENGINE_CORE, Role.WORKER)], work_pending, any_moved)
+    rings = tuple(r for r in capture.rings if r.ok)
+    unread = ring_readers(rings)
+    cross = cross_rank(expls, moved_by_name if two_rounds else None, unread)
+    hypothesis = poll_parking([e for e in expls if e.role in (Role.ENGINE_CORE, Role.WORKER)], work_pending, any_moved,
+                              unread, said_all(rings) if rings else "")
     complete = bool(engine_procs) and all(not f.error for f in engine_procs) and not capture.unseen_nodes
     decision, reason, kind = _decide(engine_procs, complete, two_rounds, cross, page or PageWork(),
                                      capture.unseen_nodes)
+    if decision is Decision.STUCK and kind is StuckKind.PARKED:
+        decision, reason, kind = _parked_why(reason, cross, hypothesis, rings)
     return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems, kind, page)
+
+
+def ring_readers(rings: tuple[Ring, ...]) -> dict[str, int | None] | None:
+    """The rings' local readers by name, each with the first block written and not read by it (None: it read every
+    block written); None when no ring was read."""
+    if not rings:
+        return None
+    out: dict[str, int | None] = {}
+    for ring in rings:
+        n = len(ring.readers) or (len(ring.blocks[0].read) if ring.blocks else 0)
+        for i in range(n):
+            first = next((b.index for b in ring.blocks if i in b.unread_by()), None)
+            name = ring.reader_name(i)
+            out[name] = first if out.get(name) is None else out[name]
+    return out
+
+
+# From this release on an idle reader re-checks the ring every 5 s (vLLM PR #45224): a parked reader with a block
+# written for it takes the block by itself within 5 s; it is late, not lost.
+_RECHECK_FROM = (0, 27)
+
+
+def _parked_why(reason: str, cross: CrossRankVerdict, hyp: HypothesisVerdict, rings: tuple[Ring, ...]) -> _Said:
+    """The finer cause of parked ranks: a lost wake-up (the ring shows a block a parked reader never took) or ranks
+    diverged (collectives that do not match); an engine that re-checks its ring is not stuck on an unread block."""
+    if hyp.status is Status.SUPPORTED and rings:
+        fams = [f for r in rings if (f := family(r.version)) is not None]
+        if fams and min(fams) >= _RECHECK_FROM:
+            return Decision.WORKING, (f"a reader is late to a block written for it ({said_all(rings)}): vLLM "
+                                      f"{rings[0].version} re-checks its ring every 5 s, so it takes the block by "
+                                      "itself (a late wake-up, not the lost one)"), None
+        return Decision.STUCK, f"lost wake-up: {hyp.reason}", StuckKind.LOST_WAKEUP
+    if cross.reason.startswith("the ranks diverged") or "the ranks diverged" in cross.reason:
+        return Decision.STUCK, f"ranks diverged: {cross.reason}", StuckKind.DIVERGED
+    return Decision.STUCK, reason, StuckKind.PARKED
 
 
 def _unread(procs: list[ProcessFinding]) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from watchdog.core.roles import Role, ranks_of, role_of_name, title_in
 from watchdog.evidence.explain.classes import Cls, Status
 from watchdog.evidence.explain.frame_rules import (
+    _COLL_FUNC,
     _COLL_NATIVE,
     _DEVICE_NATIVE,
     _DRIVER_MODULES,
@@ -163,9 +164,18 @@ def _state(e: ProcessExplanation) -> str:
     return f"{e.name} {e.cls.value} ({_where(e.frames)})"
 
 
-def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = None) -> CrossRankVerdict:
+def _coll_of(e: ProcessExplanation) -> str:
+    """The collective a rank waits in, by its innermost collective frame (all_reduce, barrier)."""
+    return next((_base(f) for f in e.frames if not f.native and _COLL_FUNC.search(_base(f))),
+                _base(e.frames[0]) if e.frames else "a collective")
+
+
+def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = None,
+               unread: dict[str, int | None] | None = None) -> CrossRankVerdict:
     """Name the process the others wait for. `moved[name]`: did its stacks change between captures (then it is
-    slow, not frozen)."""
+    slow, not frozen). `unread`: the broadcast ring's local readers by name, each with the block written for it and not
+    read by it (None: it read every block); `unread` None: no ring was read, so a reader that never took its step
+    cannot be told from one that finished it."""
     moved = moved or {}
     waiting = (Cls.ENGINE_WAITING_WORKERS, Cls.ENGINE_IDLE, Cls.WRITER_BLOCKED_FULL_RING)
     engine = next((e for e in expls if e.role == Role.ENGINE_CORE), None)
@@ -186,14 +196,26 @@ def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = 
         others = [e for e in pool if e not in coll]
         if busy := [r for r in others if r.cls in _BUSY]:
             return blame(busy, lambda c: f"{_state(c)} while {peers} wait in a collective for it")
-        if idle := [r for r in others if r.cls in _IDLE]:
+        idle = [r for r in others if r.cls in _IDLE]
+        ring = unread or {}
+        if parked := [r for r in idle if ring.get(r.name) is not None]:
+            return blame(parked, lambda c: f"{c.name} parks in its reader with block {ring[c.name]} written for it "
+                                           f"and never read: it never took the step (a lost wake-up) while {peers} "
+                                           "took it and wait in a collective for it")
+        if finished := [r for r in idle if r.name in ring]:
+            return blame(finished, lambda c: f"the ranks diverged: {c.name} read every block written for it, finished "
+                                         f"its step and is back in its reader while {peers} wait in a collective it "
+                                         "never joins")
+        if idle:
             return blame(idle, lambda c: f"{c.name} is back in its idle reader loop while {peers} wait in a "
                                          "collective: it left or skipped that collective (a failed or desynchronised "
-                                         "step) and only looks idle")
+                                         "step) and only looks idle, or never woke for its step (the ring was not "
+                                         "read to tell)")
         if others:
             return blame(others, lambda c: f"{_state(c)} is not in the collective {peers} wait in")
-        kinds = sorted({_base(e.frames[0]) for e in coll if e.frames})
-        what = (f"different collectives ({', '.join(kinds)}): a mismatch" if len(kinds) > 1 else
+        kinds = sorted({_coll_of(e) for e in coll if e.frames})
+        each = ", ".join(f"{e.name} in {_coll_of(e)}" for e in coll)
+        what = (f"different collectives ({each}): the ranks diverged" if len(kinds) > 1 else
                 "the same collective: the transport (NCCL/gloo/network) or a rank missing from the dump is stuck")
         return CrossRankVerdict(None, f"every rank seen is inside {what}.", coll[0].frames)
     if engine is not None and engine.cls is Cls.ENGINE_WAITING_WORKERS:
@@ -211,9 +233,13 @@ def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = 
 
 
 def poll_parking(expls: list[ProcessExplanation], work_pending: bool | None,
-                 stacks_changed: bool | None) -> HypothesisVerdict:
+                 stacks_changed: bool | None, unread: dict[str, int | None] | None = None,
+                 ring: str = "") -> HypothesisVerdict:
     """Test poll-parking: work pending, EngineCore waiting on workers, every worker parked in its reader, no rank
-    busy, nothing moving. Speculative-decoding frames (the rival hypothesis) are reported whatever the status."""
+    busy, nothing moving. With the broadcast ring read (``unread``: the blocks written for a local reader that it
+    never read; ``ring``: what the ring showed, in words) a parked reader with an unread block is the lost wake-up
+    itself, even while peers that took the step (remote readers) wait in a collective for it; a ring read to the last
+    block contradicts it. Speculative-decoding frames (the rival hypothesis) are reported whatever the status."""
     spec = tuple(f for e in expls for f in e.spec_frames)
     rival = (f" Speculative-decoding frames seen in {_names([e for e in expls if e.spec_decode])} ({_where(spec)}): "
              "the rival hypothesis is a stall in the draft/verify path." if spec else "")
@@ -223,9 +249,22 @@ def poll_parking(expls: list[ProcessExplanation], work_pending: bool | None,
 
     engine = next((e for e in expls if e.role == Role.ENGINE_CORE), None)
     workers = [e for e in expls if e.role == Role.WORKER]
+    ring_of = unread or {}
+    parked = [w for w in workers if w.cls is Cls.IDLE_READER_WAIT and ring_of.get(w.name) is not None]
+    busy = [e for e in expls if e.cls in (*_BUSY, Cls.STOPPED)]
+    if parked and not stacks_changed and all(b.cls is Cls.IN_COLLECTIVE for b in busy) and (
+            engine is None or engine.cls in (Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING)):
+        # the ring says a step was handed out: work is pending whatever the page's gauges held
+        took = f"; {_names(busy)} took the step and wait{'s' * (len(busy) == 1)} in a collective for " \
+               f"{'it' if len(parked) == 1 else 'them'}" if busy else ""
+        return verdict(Status.SUPPORTED, f"{_names(parked)} parked in the reader ({_where(parked[0].frames)}) with "
+                                         f"block {ring_of[parked[0].name]} written for "
+                                         f"{'it' if len(parked) == 1 else 'them'} and unread ({ring}){took}; "
+                                         f"{'no EngineCore stack' if engine is None else _state(engine)}.",
+                       (engine.frames if engine else ()) + parked[0].frames)
     if work_pending is False:
         return verdict(Status.NOT_APPLICABLE, "No work is pending: parked readers are simply idle.")
-    if busy := [e for e in expls if e.cls in (*_BUSY, Cls.STOPPED)]:
+    if busy:
         return verdict(Status.CONTRADICTED, f"{_state(busy[0])}: a rank is busy, waiting on peers or stopped; the "
                                             "readers wait on it, not on a lost wake-up.", busy[0].frames)
     if stacks_changed:
@@ -243,6 +282,10 @@ def poll_parking(expls: list[ProcessExplanation], work_pending: bool | None,
     missing += [] if stacks_changed is not None else ["single capture: parked cannot be told from passing through"]
     if missing or engine is None:
         return verdict(Status.INCONCLUSIVE, "Cannot decide: " + "; ".join(missing) + ".")
+    if ring_of and not parked and all(w.name in ring_of for w in workers):
+        return verdict(Status.CONTRADICTED, f"Every worker is parked, but the ring shows every block written for them "
+                                            f"read ({ring}): they took their step and came back; what is lost is a "
+                                            f"reply to EngineCore, not a wake-up.", engine.frames)
     return verdict(Status.SUPPORTED, f"Work pending; {_state(engine)}; all {len(workers)} workers parked in the reader "
                                      f"({_where(workers[0].frames)}); no rank busy; stacks unchanged between captures.",
                    engine.frames + workers[0].frames)
