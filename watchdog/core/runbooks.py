@@ -15,6 +15,7 @@ class Runbook(StrEnum):
     PEER_WAIT = "frozen-waiting-on-peer"  # a collective waits on a peer (this node or the other)
     GPU_WAIT = "frozen-waiting-on-gpu"  # a rank waits on its own GPU (a kernel that spins or never ends)
     ALL_PARKED = "frozen-all-parked"  # every rank parked, nothing to blame: the poll-parking question
+    DIVERGED = "frozen-ranks-diverged"  # ranks in collectives that never match: one entered one its peers never join
     LIVELOCK = "frozen-livelock"  # EngineCore's loop turns and burns CPU, no rank in the model
     ADMISSION_STALL = "frozen-admission-stall"  # requests wait, none runs
     FROZEN = "frozen"  # frozen with no stacks to say why (capture off, denied, incomplete): the metric window decided

@@ -21,7 +21,7 @@ from watchdog.core.roles import ENGINE_ROLES, Role
 from watchdog.core.runbooks import Runbook
 from watchdog.core.types import Decision
 from watchdog.evidence.explain.classes import Cls
-from watchdog.evidence.explain.findings import Findings, ProcessFinding, StuckKind
+from watchdog.evidence.explain.findings import Findings, ProcessFinding, StuckKind, ring_readers
 from watchdog.evidence.explain.frame_rules import _COLL_FUNC, _COLL_NATIVE, _base, _noise
 
 _LAUNCH = re.compile(r"^cu(?:da)?LaunchKernel")
@@ -180,6 +180,27 @@ class GpuSaid:
     states: Mapping[str, str] = field(default_factory=dict)
 
 
+def _lost_wakeup(procs: list[ProcessFinding], capture: Capture | None) -> Headline:
+    """The readers parked with a block written for them; the peers that took the step (remote readers) wait for
+    them. Blamed: the parked rank when some peer did its part, nobody when every rank is parked."""
+    readers = ring_readers(tuple(r for r in capture.rings if r.ok)) if capture is not None else None
+    parked = [p for p in procs if _cls(p) is Cls.IDLE_READER_WAIT and (readers or {}).get(_name(p)) is not None]
+    if not parked or readers is None:  # cannot happen for this kind; said plainly all the same
+        return _said("lost wake-up: the readers are parked with a block written for them", Runbook.ALL_PARKED)
+    blocks = sorted({b for p in parked if (b := readers.get(_name(p))) is not None})
+    one = len(parked) == 1
+    block = f"block{'s' * (len(blocks) > 1)} {_and([str(b) for b in blocks])}"
+    took = [p for p in procs if _cls(p) is Cls.IN_COLLECTIVE]
+    text = (f"lost wake-up: {_and([_who(p) for p in parked])} {'is' if one else 'are'} parked in "
+            f"{'its' if one else 'their'} reader with {block} written for {'it' if one else 'them'} and never read")
+    if took:
+        colls = _and(sorted({collective(p) or "a collective" for p in took}))
+        text += (f"; {_and([_who(p) for p in took])} took the step and wait{'s' * (len(took) == 1)} in {colls} for "
+                 f"{'it' if one else 'them'}")
+    culprit = parked[0] if took and one else None
+    return _said(f"{text}{_rest(procs, culprit, parked + took)}", Runbook.ALL_PARKED, culprit)
+
+
 def compose(f: Findings, capture: Capture | None = None, gpu: GpuSaid | None = None, verdict: str = "") -> Headline:
     """The headline of ``f``. ``capture``: the capture it was made from (unseen nodes, ranks gone); ``gpu``: a GPU
     host's evidence; ``verdict``: the freeze's own reason, said first when the stacks cannot say why."""
@@ -194,6 +215,15 @@ def compose(f: Findings, capture: Capture | None = None, gpu: GpuSaid | None = N
         # stall's pass through empty steps: what one capture caught of them says nothing)
         rest = _rest(procs, engine) if f.stuck_kind is StuckKind.LIVELOCK else ""
         return _said(f"{f.reason}{rest}", rb, engine)
+    if f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LOST_WAKEUP:
+        return _lost_wakeup(procs, capture)
+    if f.decision is Decision.STUCK and f.stuck_kind is StuckKind.DIVERGED:
+        coll = [p for p in procs if _cls(p) is Cls.IN_COLLECTIVE]
+        done = [p for p in procs if p.explanation is not None and p.explanation.name == f.cross_rank.culprit]
+        each = _and([f"{_who(p)} waits in {collective(p) or 'a collective'}" for p in coll])
+        fin = f"; {_and([_who(p) for p in done])} finished the step and waits in its reader" if done else ""
+        return _said(f"the ranks diverged: {each}, collectives that never match{fin}{_rest(procs, None, coll + done)}",
+                     Runbook.DIVERGED, done[0] if done else None)
     if f.decision is Decision.WORKING:
         return _said(f"the stacks show work, not a freeze: {f.reason}", Runbook.FROZEN)
     if stopped := [p for p in procs if _cls(p) is Cls.STOPPED]:
