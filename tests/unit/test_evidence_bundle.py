@@ -546,7 +546,8 @@ def test_incidents_show_report_over_a_state_dir(tmp_path: Path) -> None:
     r = watchdog("report", "--state-dir", str(state), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"incidents": 2, "poll_parking": {"CONTRADICTED": 1, "SUPPORTED": 1},
-                                    "culprits_by_role": {"worker": 1, "none": 1}, "decisions": {"stuck": 2}}
+                                    "culprits_by_role": {"worker": 1, "none": 1}, "decisions": {"stuck": 2},
+                                    "known_hangs": {"lost_wakeup/fixed": 1, "none": 1}}  # 0.32.0 has the fix
     r = watchdog("report", "--state-dir", str(state))
     assert r.returncode == 0 and "2 incidents" in r.stdout and "SUPPORTED" in r.stdout
 

@@ -22,6 +22,7 @@ from watchdog.evidence.bundle.investigate import Investigator
 from watchdog.evidence.bundle.per_node import node_lines, per_node
 from watchdog.evidence.bundle.upstream import BundleFiles, Redaction, render
 from watchdog.evidence.bundle.write import PARTIAL, BundleError, list_bundles
+from watchdog.evidence.explain import known_hangs
 from watchdog.evidence.explain.ranks import ProcessExplanation, classify, cross_rank, poll_parking
 from watchdog.evidence.gpu.nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.stacks.parse import Frame, StackParseError, parse_any
@@ -91,6 +92,7 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
             print(f"headline: {m['headline']}\nrunbook: {m['runbook_link']}")
         print(f"culprit: {f.cross_rank.culprit or 'none named'}: {f.cross_rank.reason}")
         print(f"poll-parking: {f.hypothesis.status.value}: {f.hypothesis.reason}")
+        print(f"known vLLM hang: {known_hangs.said(m.get('known_hang'))}")
         for problem in f.problems:
             print(f"problem: {problem}")
         print(f"bundle: {path}" if path else "bundle: NOT WRITTEN")
@@ -176,8 +178,11 @@ def cmd_report(cfg: Config, args: argparse.Namespace) -> int:
         role = next((p["role"] for p in m["processes"] if p["title"] and p["title"].endswith(m["culprit"] or "\0")),
                     None)
         culprits[role or ("none" if not m["culprit"] else m["culprit"])] += 1
+    hangs = Counter(f"{k['id']}/{k['status']}" if isinstance(k := m.get("known_hang"), dict) else "none"
+                    for m in bundles)  # lost_wakeup/affected, lost_wakeup/fixed (the engine has the fix: not it)
     out = {"incidents": len(bundles), "poll_parking": dict(hyp), "culprits_by_role": dict(culprits),
-           "decisions": dict(Counter(m["decision"] for m in bundles))}
+           "decisions": dict(Counter(m["decision"] for m in bundles)),
+           "known_hangs": dict(hangs)}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -186,6 +191,8 @@ def cmd_report(cfg: Config, args: argparse.Namespace) -> int:
         print(f"  poll-parking {key:15} {hyp.get(key, 0)}")
     for role, n in culprits.most_common():
         print(f"  culprit {role:20} {n}")
+    for hang, n in hangs.most_common():  # a known vLLM hang the evidence matched ("none")
+        print(f"  known hang {hang:17} {n}")
     return 0
 
 
