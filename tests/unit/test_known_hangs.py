@@ -124,6 +124,16 @@ def test_an_unread_block_of_a_parked_reader_is_said_and_a_ring_all_read_rules_it
     assert [m.hang.id for m in kh.match(f, unreadable, "", "0.25.1")] == ["lost_wakeup"]
 
 
+def test_the_verdict_that_read_the_ring_matches_with_its_headline() -> None:
+    """The findings read the ring too (StuckKind lost_wakeup): the clause ends that verdict's own headline."""
+    cap = replace(lost_wakeup("0.25.1"), rings=(ring(RingBlock(0, True, (True, True)),
+                                                     RingBlock(1, True, (True, False))),))
+    f = assess(cap, work_pending=True, page=PageWork(4, 0))
+    [m] = kh.match(f, cap, "", "0.25.1+cpu")
+    assert (m.hang.id, m.clause) == ("lost_wakeup", LOST_025)
+    assert kh.with_clause(compose(f, cap).text, (m,)).endswith(f"; {LOST_025}")
+
+
 def test_the_ring_reader_s_version_serves_when_the_bundle_has_none() -> None:
     cap = lost_wakeup("0.25.1")
     f = assess(cap, work_pending=True, page=PageWork(4, 0))  # the stacks' findings; the ring read beside them

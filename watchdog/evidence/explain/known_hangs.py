@@ -163,11 +163,14 @@ def _pending(f: Findings) -> bool:
         f.page is not None and ((f.page.running or 0) > 0 or (f.page.waiting or 0) > 0))
 
 
+_PARKED = (StuckKind.PARKED, StuckKind.LOST_WAKEUP)  # the stacks parked; LOST_WAKEUP: the ring's unread block too
+
+
 def _lost_wakeup(f: Findings, capture: Capture | None) -> tuple[str, ...] | None:
     engine = _engine(f)
     workers = [p for p in f.processes if p.process.role == Role.WORKER]
     local = [w for w in workers if w.process.node == "local"]
-    if (f.decision is not Decision.STUCK or f.stuck_kind is not StuckKind.PARKED or engine is None or not local
+    if (f.decision is not Decision.STUCK or f.stuck_kind not in _PARKED or engine is None or not local
             or _cls(engine) not in (Cls.ENGINE_WAITING_WORKERS, Cls.WRITER_BLOCKED_FULL_RING) or not _pending(f)):
         return None
     if any(_cls(w) is not Cls.IDLE_READER_WAIT or _gone(w, capture) for w in local):
