@@ -1,6 +1,7 @@
 """Moving is not working, on the real vLLM (CPU build, TP=2): a livelock and an admission stall, made by fault
 injection inside the engine (tests/harness/inject), each called `frozen` by a real `watchdog run` with its reason
-and its typed stuck kind in the bundle.
+and its typed stuck kind in the bundle. And the lost wake-up on this side of vLLM's fix (0.32.0 re-checks its ring
+every 5 s): it heals, and nothing is called frozen (its other side, 0.25.1: tests/engine/test_lost_wakeup_live.py).
 
 One vLLM serves both tests: the fault is switched at run time through a flag file the injected scheduler reads
 (admission_stall, livelock, or nothing), and cleared at the end of each test so the stalled requests finish.
@@ -19,7 +20,7 @@ import pytest
 import requests
 
 from tests.harness.inject import INJECT_DIR, injected_env
-from tests.harness.load import BackgroundRequest
+from tests.harness.load import BackgroundRequest, LoadGenerator
 from tests.harness.metrics import watched
 from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
@@ -174,3 +175,39 @@ def test_livelock_is_frozen_as_a_livelock(injected: Injected, watch: Watch) -> N
     for r in requests_:
         assert r.result(200).ok
     injected.wait_page(lambda r, q: r == 0 and q == 0, "nothing pending")
+
+
+def test_lost_wakeup_heals_on_a_release_with_the_fix(injected: Injected, tmp_path: Path) -> None:
+    """vLLM 0.32.0 re-checks its ring every 5 s (#45224): the same lost wake-up that parks 0.25.1 for good costs a
+    request seconds here. The real `watchdog run` at its defaults: never `frozen`, after idle and under load (the
+    write slowed past the readers' busy spin, so every step's notify is lost), and every suspicion the stacks raise
+    is cleared by the stacks themselves."""
+    server = injected.server
+    w = WatchdogProcess(server.url, tmp_path / "watchdog", f'[engine]\nurl = "{server.url}"\n').start()
+    try:
+        w.wait_for_state("idle", 90)
+        injected.fault("lost_wakeup")
+        time.sleep(3.0)  # past the readers' busy spin: they poll
+        t0 = time.monotonic()
+        assert BackgroundRequest(server.url, server.model_name, "after idle", max_tokens=4, timeout=120).result(130).ok
+        after_idle = time.monotonic() - t0
+        injected.fault("lost_wakeup_slow")
+        load = LoadGenerator(server.url, server.model_name, threads=2, max_tokens=(16, 16), request_timeout=120,
+                             duration=None).start()
+        try:
+            time.sleep(60.0)
+        finally:
+            injected.fault("")
+            stats = load.stop()
+        assert stats.successes >= 1, stats
+        states = w.states()
+        assert "frozen" not in states, states
+        suspects = [i for i, s in enumerate(states) if s == "suspect"]
+        # each suspicion ends in working or idle (the stacks: "a reader is late to a block written for it")
+        assert all(i + 1 < len(states) and states[i + 1] in ("working", "idle") for i in suspects), states
+        print(f"0.32.0 lost wake-up: a request after idle took {after_idle:.1f} s; under load (slowed writes) "
+              f"{stats.successes} requests completed in 60 s, {len(suspects)} suspicions, all cleared, none frozen: "
+              f"{states}")
+    finally:
+        injected.fault("")
+        w.stop()
