@@ -39,8 +39,10 @@ SERVE = HERE / "vllm_serve_main.py"
 
 
 class TwoNodeVllm:
-    def __init__(self, root: Path, engine_python: Path, model: Path, node: SshNode) -> None:
+    def __init__(self, root: Path, engine_python: Path, model: Path, node: SshNode,
+                 env: dict[str, str] | None = None) -> None:
         self.root, self.python, self.model, self.node = root, engine_python, model, node
+        self.extra_env = env or {}  # for both halves (e.g. the tests' fault injection)
         self.run = root / "run"
         self.run.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -61,7 +63,7 @@ class TwoNodeVllm:
         else:
             argv = [*common, "--node-rank", "1", "--headless"]
             env = {"GLOO_SOCKET_IFNAME": n.veth_node, "VLLM_HOST_IP": n.addr}
-        spec = {"argv": argv, "env": {**BASE_ENV, **env}, "log": str(self.run / f"{role}.log")}
+        spec = {"argv": argv, "env": {**BASE_ENV, **env, **self.extra_env}, "log": str(self.run / f"{role}.log")}
         (self.run / f"{role}.json").write_text(json.dumps(spec))
 
     def start_head_namespace(self) -> None:
@@ -203,10 +205,11 @@ class HeadWatchdog(WatchdogProcess):
 
 
 @contextlib.contextmanager
-def running_pair(root: Path, engine_python: Path, model: Path, agent_toml: str) -> Iterator[TwoNodeVllm]:
+def running_pair(root: Path, engine_python: Path, model: Path, agent_toml: str,
+                 env: dict[str, str] | None = None) -> Iterator[TwoNodeVllm]:
     """A worker node with the given agent config and the pair started on it; both ended on the way out."""
     node = SshNode(root, agent_toml).start()
-    pair = TwoNodeVllm(root, engine_python, model, node)
+    pair = TwoNodeVllm(root, engine_python, model, node, env)
     try:
         pair.start()
         yield pair

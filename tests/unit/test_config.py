@@ -38,7 +38,7 @@ def test_no_file_means_defaults() -> None:
     assert cfg == Config()
     assert cfg.source == "<defaults>"
     assert cfg.engine.url == "http://127.0.0.1:8000"
-    assert cfg.thresholds() == Thresholds(suspect_after=5.0, stall_window=40.0, probe_interval=30.0, probe_retry=5.0)
+    assert cfg.thresholds() == Thresholds(suspect_after=5.0, stall_window=40.0, probe_interval=10.0, probe_retry=5.0)
     assert cfg.scrape.limits() == HttpLimits()
 
 

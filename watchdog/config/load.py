@@ -73,7 +73,7 @@ class JudgeSection:
 @dataclass(frozen=True, slots=True)
 class ProbeSection:
     enabled: bool = True
-    interval: float = 30.0
+    interval: float = 10.0
     retry: float = 5.0
     timeout: float = 60.0
     model: str = ""  # empty: the first model /v1/models lists

@@ -88,24 +88,32 @@ def _patch_ring(module: ModuleType) -> None:
     notify: Callable[..., Any] = cond.notify
     enqueue: Callable[..., Any] = queue.enqueue
 
-    def late(dropped: list[Any]) -> None:  # the fault lifted: the dropped notifies are sent, late
-        while mode() in (LOST_WAKEUP, LOST_WAKEUP_SLOW):
-            time.sleep(0.2)
+    wait: Callable[..., Any] = cond.wait
+
+    def send_late() -> None:
         with _lock:
-            conds = list(dropped)
-            dropped.clear()
+            conds = list(_dropped)
+            _dropped.clear()
         for c in conds:
             notify(c)
-        print(f"watchdog_inject: lost_wakeup lifted: {len(dropped)} dropped notify sent late", file=sys.stderr,
+        print(f"watchdog_inject: lost_wakeup lifted: {len(conds)} dropped notify sent late", file=sys.stderr,
               flush=True)
+
+    def wait_patched(self: Any, timeout_ms: int | None = None) -> Any:
+        # EngineCore waits on its workers' replies here (its own reader). While notifies it dropped are pending, it
+        # waits in slices of 0.2 s and, once the fault is lifted, sends them from this, its main thread (ZMQ sockets
+        # belong to one thread): the parked readers wake, and one engine serves one scenario after another.
+        if _dropped and _title().startswith("VLLM::EngineCore"):
+            if mode() not in (LOST_WAKEUP, LOST_WAKEUP_SLOW):
+                send_late()
+            else:
+                timeout_ms = 200 if timeout_ms is None else min(timeout_ms, 200)
+        return wait(self, timeout_ms)
 
     def notify_patched(self: Any) -> Any:
         if mode() in (LOST_WAKEUP, LOST_WAKEUP_SLOW) and _title().startswith("VLLM::EngineCore"):
-            # dropped, as a PUB socket at its high-water mark drops it; sent once the fault is lifted (so one engine
-            # serves several scenarios: in 0.25 nothing else would ever wake the parked reader)
+            # dropped, as a PUB socket at its high-water mark drops it; sent late once the fault is lifted
             with _lock:
-                if not _dropped:
-                    threading.Thread(target=late, args=(_dropped,), name="watchdog-inject-late", daemon=True).start()
                 if self not in _dropped:
                     _dropped.append(self)
             return None
@@ -117,6 +125,7 @@ def _patch_ring(module: ModuleType) -> None:
         return enqueue(self, *args, **kwargs)
 
     cond.notify = notify_patched
+    cond.wait = wait_patched
     queue.enqueue = enqueue_patched
     cond._watchdog_injected = True
     _announce(RING)
