@@ -1,6 +1,8 @@
 """The README's demo: a real vLLM (CPU, TP=2), the watchdog with default settings, a frozen worker.
 
-    ./scripts/demo      (or: .venv/bin/python -m tests.harness.demo)
+    ./scripts/demo                  (or: .venv/bin/python -m tests.harness.demo)
+    ./scripts/demo --lost-wakeup    the hang this product exists for instead: vLLM 0.25.1 (before the fix), its
+                                    notify to the workers lost inside the engine, one request after idle
 
 Ends by itself and cleans up every process it started, also on Ctrl-C.
 """
@@ -17,9 +19,10 @@ from pathlib import Path
 
 import requests
 
-from tests.harness.engine_env import engine_python
+from tests.harness.engine_env import BEFORE_FIX_VERSION, engine_python
 from tests.harness.faults import frozen
-from tests.harness.load import LoadGenerator
+from tests.harness.inject import injected_env
+from tests.harness.load import BackgroundRequest, LoadGenerator
 from tests.harness.models import fast_model
 from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
@@ -73,7 +76,51 @@ def show_bundle(w: WatchdogProcess) -> None:
     say("no incident bundle within 60 s")
 
 
+def lost_wakeup() -> int:
+    """vLLM 0.25.1 with the tests' injection: EngineCore's wake-up to its workers dropped, the ring written."""
+    say(f"preparing vLLM {BEFORE_FIX_VERSION} (before the fix of the lost wake-up) and a small random model")
+    python = engine_python(version=BEFORE_FIX_VERSION)
+    model = fast_model()
+    with tempfile.TemporaryDirectory(prefix="watchdog-demo-") as tmp:
+        workdir = Path(tmp)
+        flag = workdir / "fault"
+        flag.write_text("")
+        stop = threading.Event()
+        server = VllmServer(python, model, workdir, env=injected_env(flag))
+        watchdog = WatchdogProcess(server.url, workdir / "state", "")
+        try:
+            say(f"starting vLLM {BEFORE_FIX_VERSION} (CPU build, TP=2) on {server.url}")
+            server.start()
+            watchdog.start()
+            threading.Thread(target=follow, args=(watchdog, stop), daemon=True).start()
+            server.wait_ready(300)
+            watchdog.wait_for_state("idle", 60)
+            say("losing EngineCore's wake-up notify to its workers (the block is still written to the ring)")
+            flag.write_text("lost_wakeup")
+            time.sleep(3)
+            sent = time.time()
+            say("one request after idle: it never completes, and the page keeps its idle gauges")
+            request = BackgroundRequest(server.url, server.model_name, "hello", max_tokens=4, timeout=300)
+            event = watchdog.wait_for_state("frozen", 120, after=sent)
+            say(f"FROZEN detected {event_time(event) - sent:.1f}s after the request (the idle probe found it)")
+            show_bundle(watchdog)
+            say("lifting the fault: the lost notify is sent late, the readers wake, the request completes")
+            flag.write_text("")
+            say(f"  the request: {'completed' if request.result(120).ok else 'failed'}")
+            time.sleep(2)
+            say("done: stopping the watchdog and vLLM")
+        finally:
+            flag.write_text("")
+            stop.set()
+            watchdog.stop()
+            server.stop()
+    say("every process the demo started has ended")
+    return 0
+
+
 def main() -> int:
+    if "--lost-wakeup" in sys.argv[1:]:
+        return lost_wakeup()
     say("preparing the engine venv and a small random model (cached after the first run)")
     python, model = engine_python(), fast_model()
     with tempfile.TemporaryDirectory(prefix="watchdog-demo-") as tmp:
