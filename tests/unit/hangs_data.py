@@ -1,0 +1,35 @@
+"""Load a bundle the real `watchdog run` wrote (tests/data/hangs/<name>/: manifest.json, dumps/, ring.json) back
+into the Capture it was made from: the processes, both rounds of real py-spy JSON with the /proc state, the rings.
+The bundles come from the live scenarios of tests/engine/test_lost_wakeup_live.py and test_lost_wakeup_two_nodes.py
+(tests/data/hangs/README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from watchdog.core.processes import Capture, Dump, EngineProcess, ProcFacts
+from watchdog.core.roles import Role
+from watchdog.nodes.protocol import ring_from_json
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "hangs"
+
+
+def load(name: str, root: Path = DATA) -> tuple[Capture, dict[str, Any]]:
+    """The capture of bundle ``name`` and its manifest."""
+    d = root / name
+    m: dict[str, Any] = json.loads((d / "manifest.json").read_text())
+    procs, rounds = [], [{}, {}]  # type: ignore[var-annotated]
+    for i, p in enumerate(m["processes"]):
+        key = p["pid"] if p["node"] == "local" else 1_000_000 + i
+        procs.append(EngineProcess(key, Role(p["role"]), p["title"].split(" on node ")[0], dict(p["ranks"]),
+                                   None, p["node"], p.get("node_pid")))
+        facts = ProcFacts(p["state"], p.get("wchan") or "", 0.0, p.get("threads") or 1)
+        for n, rnd in enumerate(rounds, 1):
+            found = sorted(d.glob(f"dumps/round{n}-{p.get('node_pid') or p['pid']}-*.json"))
+            text = found[0].read_text() if found else ""
+            rnd[key] = Dump(key, float(n), bool(text.strip()), text, "" if text.strip() else "not read", False,
+                            facts)
+    rings = tuple(ring_from_json(r, r.get("node", "local")) for r in json.loads((d / "ring.json").read_text()))
+    return Capture(tuple(procs), tuple(rounds), rings=rings), m
