@@ -21,13 +21,13 @@ def load(name: str, root: Path = DATA) -> tuple[Capture, dict[str, Any]]:
     d = root / name
     m: dict[str, Any] = json.loads((d / "manifest.json").read_text())
     procs, rounds = [], [{}, {}]  # type: ignore[var-annotated]
-    for i, p in enumerate(m["processes"]):
-        key = p["pid"] if p["node"] == "local" else 1_000_000 + i
+    for p in m["processes"]:
+        key = p["pid"]  # the capture's key (another node's process: not its pid there, which is node_pid)
         procs.append(EngineProcess(key, Role(p["role"]), p["title"].split(" on node ")[0], dict(p["ranks"]),
                                    None, p["node"], p.get("node_pid")))
         facts = ProcFacts(p["state"], p.get("wchan") or "", 0.0, p.get("threads") or 1)
         for n, rnd in enumerate(rounds, 1):
-            found = sorted(d.glob(f"dumps/round{n}-{p.get('node_pid') or p['pid']}-*.json"))
+            found = sorted(d.glob(f"dumps/round{n}-{key}-*.json"))
             text = found[0].read_text() if found else ""
             rnd[key] = Dump(key, float(n), bool(text.strip()), text, "" if text.strip() else "not read", False,
                             facts)

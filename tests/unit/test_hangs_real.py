@@ -70,3 +70,28 @@ def test_every_recorded_bundle_has_its_ring_and_both_rounds() -> None:
         assert cap.rings and all(r.ok for r in cap.rings if r.node == "local"), d.name
         assert len(cap.rounds) == 2 and all(x.ok for rnd in cap.rounds for x in rnd.values()), d.name
         assert m["state"] == "frozen", d.name
+
+
+def test_two_nodes_the_parked_rank_is_named_and_its_peer_is_not_blamed() -> None:
+    """Only the head's Worker_TP0 reads the ring; Worker_TP1 on the other node took the step over ZMQ and waits in
+    its collective for TP0. Without the ring the rules read TP0's reader as "it left or skipped the collective"."""
+    cap, m = load("lost-wakeup-two-nodes-0.25.1")
+    f = assess(cap, work_pending=True, page=IDLE)
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LOST_WAKEUP, f.reason
+    assert f.hypothesis.status is Status.SUPPORTED, f.hypothesis.reason
+    assert f.cross_rank.culprit == "Worker_TP0", f.cross_rank.reason
+    h = compose(f, cap)
+    assert h.text.startswith("lost wake-up: Worker_TP0 is parked in its reader with block "), h.text
+    assert "Worker_TP1 on node worker1 took the step and waits in all_reduce for it" in h.text, h.text
+    assert (h.culprit, h.node) == ("Worker_TP0", "local")
+    blind = assess(replace(cap, rings=()), work_pending=True, page=IDLE)
+    assert blind.hypothesis.status is Status.CONTRADICTED, blind.hypothesis.reason
+    assert "or never woke for its step (the ring was not read to tell)" in blind.cross_rank.reason
+
+
+def test_two_nodes_diverged() -> None:
+    cap, _ = load("diverged-two-nodes-0.25.1")
+    f = assess(cap, work_pending=True, page=LOADED)
+    assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.DIVERGED, f.reason
+    h = compose(f, cap)
+    assert "Worker_TP0 waits in all_reduce and Worker_TP1 on node worker1 waits in barrier" in h.text, h.text
