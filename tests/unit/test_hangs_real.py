@@ -75,7 +75,7 @@ def test_every_recorded_bundle_has_its_ring_and_both_rounds() -> None:
 def test_two_nodes_the_parked_rank_is_named_and_its_peer_is_not_blamed() -> None:
     """Only the head's Worker_TP0 reads the ring; Worker_TP1 on the other node took the step over ZMQ and waits in
     its collective for TP0. Without the ring the rules read TP0's reader as "it left or skipped the collective"."""
-    cap, m = load("lost-wakeup-two-nodes-0.25.1")
+    cap, _ = load("lost-wakeup-two-nodes-0.25.1")
     f = assess(cap, work_pending=True, page=IDLE)
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.LOST_WAKEUP, f.reason
     assert f.hypothesis.status is Status.SUPPORTED, f.hypothesis.reason
