@@ -12,17 +12,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
-from tests.harness.inject import INJECT_DIR, injected_env
+from tests.harness.inject import Injected, injected_vllm
 from tests.harness.load import BackgroundRequest, LoadGenerator
-from tests.harness.metrics import watched
-from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
 
 pytestmark = pytest.mark.engine
@@ -33,51 +29,12 @@ Watch = Callable[..., WatchdogProcess]
 CAPTURE = "[capture]\ngap = 3.0\ntimeout = 45.0\n"
 
 
-@dataclass
-class Injected:
-    server: VllmServer
-    flag: Path
-
-    def fault(self, mode: str) -> None:
-        self.flag.write_text(mode)
-        time.sleep(0.5)  # the engine re-reads the flag at most every 0.2 s
-
-    def page(self) -> tuple[float, float]:
-        p = watched(self.server.metrics())
-        return p.get("vllm:num_requests_running", 0.0), p.get("vllm:num_requests_waiting", 0.0)
-
-    def wait_page(self, ok: Callable[[float, float], bool], what: str, timeout: float = 60.0) -> tuple[float, float]:
-        deadline = time.monotonic() + timeout
-        seen = (-1.0, -1.0)
-        while time.monotonic() < deadline:
-            try:
-                seen = self.page()
-            except requests.RequestException:
-                pass
-            else:
-                if ok(*seen):
-                    return seen
-            time.sleep(0.2)
-        raise AssertionError(f"page never showed {what} in {timeout:.0f} s (last running, waiting: {seen});\n"
-                             f"{self.server.log_tail(40)}")
-
-
 @pytest.fixture(scope="module")
 def injected_server(engine_python: Path, fast_model: Path,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[Injected]:
     """The fast model with the injection loaded (inert until the flag file names a fault)."""
-    d = tmp_path_factory.mktemp("livelock")
-    flag = d / "fault"
-    flag.write_text("")
-    server = VllmServer(engine_python, fast_model, d / "logs", name="vllm-injected", env=injected_env(flag))
-    try:
-        server.start()
-        server.wait_ready(240)
-        assert "watchdog_inject: patched" in server.log_tail(400), f"injection not loaded from {INJECT_DIR}"
-        yield Injected(server, flag)
-    finally:
-        flag.write_text("")
-        server.stop()
+    with injected_vllm(engine_python, fast_model, tmp_path_factory.mktemp("livelock"), "vllm-injected") as inj:
+        yield inj
 
 
 @pytest.fixture

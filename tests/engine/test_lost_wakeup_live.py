@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +25,11 @@ import pytest
 import requests
 
 from tests.harness import engine_env, models
-from tests.harness.inject import INJECT_DIR, injected_env
+from tests.harness.inject import Injected, injected_vllm
 from tests.harness.load import BackgroundRequest, LoadGenerator
-from tests.harness.metrics import watched
-from tests.harness.server import VllmServer
 from tests.harness.watcher import WatchdogProcess, event_time
 
 pytestmark = pytest.mark.engine
-
-
-@dataclass
-class Injected:
-    server: VllmServer
-    flag: Path
-
-    def fault(self, mode: str) -> None:
-        self.flag.write_text(mode)
-        time.sleep(0.5)  # the engine re-reads the flag at most every 0.2 s
-
-    def page(self) -> tuple[float, float]:
-        p = watched(self.server.metrics())
-        return p.get("vllm:num_requests_running", 0.0), p.get("vllm:num_requests_waiting", 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +37,9 @@ def before_fix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Injected]:
     """vLLM 0.25.1 with the injection loaded (inert until the flag file names a fault)."""
     python = engine_env.engine_python(version=engine_env.BEFORE_FIX_VERSION)
     model = models.ensure_model(models.FAST, python)
-    d = tmp_path_factory.mktemp("lost-wakeup")
-    flag = d / "fault"
-    flag.write_text("")
-    server = VllmServer(python, model, d / "logs", name="vllm-0.25.1-injected", env=injected_env(flag))
-    try:
-        server.start()
-        server.wait_ready(300)
-        assert "watchdog_inject: patched vllm.distributed" in server.log_tail(400), f"no injection from {INJECT_DIR}"
-        yield Injected(server, flag)
-    finally:
-        flag.write_text("")
-        server.stop()
+    with injected_vllm(python, model, tmp_path_factory.mktemp("lost-wakeup"), "vllm-0.25.1-injected") as inj:
+        assert "watchdog_inject: patched vllm.distributed" in inj.server.log_tail(400)
+        yield inj
 
 
 @pytest.fixture
