@@ -25,11 +25,14 @@ def load(name: str, root: Path = DATA) -> tuple[Capture, dict[str, Any]]:
         key = p["pid"]  # the capture's key (another node's process: not its pid there, which is node_pid)
         procs.append(EngineProcess(key, Role(p["role"]), p["title"].split(" on node ")[0], dict(p["ranks"]),
                                    None, p["node"], p.get("node_pid")))
-        facts = ProcFacts(p["state"], p.get("wchan") or "", 0.0, p.get("threads") or 1)
+        cpu = p.get("cpu_seconds_between_captures") or 0.0
+        quiet = p.get("cpu_in_quiet_pauses")
         for n, rnd in enumerate(rounds, 1):
+            facts = ProcFacts(p["state"], p.get("wchan") or "", cpu * (n - 1), p.get("threads") or 1)
             found = sorted(d.glob(f"dumps/round{n}-{key}-*.json"))
             text = found[0].read_text() if found else ""
-            rnd[key] = Dump(key, float(n), bool(text.strip()), text, "" if text.strip() else "not read", False,
-                            facts)
+            gap = float(quiet[1]) if quiet else 2.0  # the rounds as far apart as they were taken
+            rnd[key] = Dump(key, gap * (n - 1), bool(text.strip()), text, "" if text.strip() else "not read", False,
+                            facts, quiet=tuple(quiet) if quiet and n > 1 else None)
     rings = tuple(ring_from_json(r, r.get("node", "local")) for r in json.loads((d / "ring.json").read_text()))
     return Capture(tuple(procs), tuple(rounds), rings=rings), m

@@ -95,3 +95,13 @@ def test_two_nodes_diverged() -> None:
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.DIVERGED, f.reason
     h = compose(f, cap)
     assert "Worker_TP0 waits in all_reduce and Worker_TP1 on node worker1 waits in barrier" in h.text, h.text
+
+
+def test_readers_that_burned_cpu_between_the_captures_were_not_parked() -> None:
+    """Recorded on vLLM 0.32.0 with every step's wake-up lost under load (the readers re-check every 5 s): both
+    captures caught the readers in their poll, but each burned about 1 CPU s in the 2 s between them and the ring
+    showed every block taken: they were taking steps. The daemon called that frozen; it is not shown parked."""
+    cap, m = load("readers-spinning-0.32.0")
+    assert m["stuck_kind"] == "parked"  # what the daemon said before this rule
+    f = assess(cap, work_pending=True, page=LOADED)
+    assert f.decision is Decision.UNDECIDED and "burned CPU between the captures" in f.reason, f.reason

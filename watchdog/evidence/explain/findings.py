@@ -189,7 +189,7 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
     decision, reason, kind = _decide(engine_procs, complete, two_rounds, cross, page or PageWork(),
                                      capture.unseen_nodes)
     if decision is Decision.STUCK and kind is StuckKind.PARKED:
-        decision, reason, kind = _parked_why(reason, cross, hypothesis, rings)
+        decision, reason, kind = _parked_why(reason, cross, hypothesis, rings, engine_procs)
     return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems, kind, page)
 
 
@@ -213,9 +213,21 @@ def ring_readers(rings: tuple[Ring, ...]) -> dict[str, int | None] | None:
 _RECHECK_FROM = (0, 27)
 
 
-def _parked_why(reason: str, cross: CrossRankVerdict, hyp: HypothesisVerdict, rings: tuple[Ring, ...]) -> _Said:
+def _parked_why(reason: str, cross: CrossRankVerdict, hyp: HypothesisVerdict, rings: tuple[Ring, ...],
+                procs: list[ProcessFinding]) -> _Said:
     """The finer cause of parked ranks: a lost wake-up (the ring shows a block a parked reader never took) or ranks
-    diverged (collectives that do not match); an engine that re-checks its ring is not stuck on an unread block."""
+    diverged (collectives that do not match); an engine that re-checks its ring is not stuck on an unread block, and
+    readers in vLLM's bounded spin that all burned CPU between the captures, with the ring showing every block taken,
+    were not parked (both captures caught their poll, not their steps: seen on vLLM 0.32 with every step's wake-up
+    lost, the readers re-checking every 5 s); one that burned nothing among them is the one parked."""
+    readers = [f for f in procs if f.explanation is not None and f.explanation.cls is Cls.IDLE_READER_WAIT]
+    took_all = bool(rings) and not any(r.unread() for r in rings)  # the ring: every block handed out was taken
+    if (took_all and readers and _bounded_spin(procs) and all(_burns(f) for f in readers)
+            and (spun := [f for f in readers if f.burn is not None])):
+        said = ", ".join(f"{f.explanation.name} {f.burn[0]:g} CPU s in {f.burn[1]:g} s" for f in spun
+                         if f.explanation is not None and f.burn is not None)
+        return Decision.UNDECIDED, (f"the readers seen parked burned CPU between the captures ({said}): they took "
+                                    "steps between them, so parked is not shown; the metric window decides"), None
     if hyp.status is Status.SUPPORTED and rings:
         fams = [f for r in rings if (f := family(r.version)) is not None]
         if fams and min(fams) >= _RECHECK_FROM:
