@@ -1,3 +1,3 @@
 """Collect (I/O on this host): ``discover`` (engine processes from /proc), ``capture`` (py-spy, twice, with /proc
-facts), ``context`` (page, log tail, versions), ``deadlines`` (the engine's own timeouts, pure) and
-``deadline_read`` (read from its processes)."""
+facts), ``ring`` (the broadcast ring's flag bytes, read-only, from /dev/shm), ``context`` (page, log tail,
+versions), ``deadlines`` (the engine's own timeouts, pure) and ``deadline_read`` (read from its processes)."""
