@@ -235,7 +235,7 @@ def _parked_why(reason: str, cross: CrossRankVerdict, hyp: HypothesisVerdict, ri
                                       f"{rings[0].version} re-checks its ring every 5 s, so it takes the block by "
                                       "itself (a late wake-up, not the lost one)"), None
         return Decision.STUCK, f"lost wake-up: {hyp.reason}", StuckKind.LOST_WAKEUP
-    if cross.reason.startswith("the ranks diverged") or "the ranks diverged" in cross.reason:
+    if cross.diverged:
         return Decision.STUCK, f"ranks diverged: {cross.reason}", StuckKind.DIVERGED
     return Decision.STUCK, reason, StuckKind.PARKED
 

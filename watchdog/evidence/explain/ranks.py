@@ -54,6 +54,7 @@ class CrossRankVerdict:
     culprit: str | None
     reason: str
     frames: tuple[Frame, ...]
+    diverged: bool = False  # the ranks wait in collectives that never match (typed: nobody parses the reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +183,11 @@ def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = 
     workers = [e for e in expls if e.role in (Role.WORKER, Role.SCHEDULER, None)]
     workers_idle = bool(workers) and all(w.cls is Cls.IDLE_READER_WAIT for w in workers)
 
-    def blame(pool: list[ProcessExplanation], say: Callable[[ProcessExplanation], str]) -> CrossRankVerdict:
+    def blame(pool: list[ProcessExplanation], say: Callable[[ProcessExplanation], str],
+              diverged: bool = False) -> CrossRankVerdict:
         c = sorted(pool, key=lambda r: (bool(moved.get(r.name)), r.cls is Cls.UNKNOWN))[0]  # frozen ones first
         moving = "; its stacks moved between captures, so it is slow rather than frozen" if moved.get(c.name) else ""
-        return CrossRankVerdict(c.name, f"{say(c)}{moving}.", c.frames)
+        return CrossRankVerdict(c.name, f"{say(c)}{moving}.", c.frames, diverged)
 
     if stopped := [e for e in expls if e.cls is Cls.STOPPED]:
         rest = "; ".join(_state(e) for e in expls if e.cls is not Cls.STOPPED) or "no peers seen"
@@ -205,7 +207,7 @@ def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = 
         if finished := [r for r in idle if r.name in ring]:
             return blame(finished, lambda c: f"the ranks diverged: {c.name} read every block written for it, finished "
                                          f"its step and is back in its reader while {peers} wait in a collective it "
-                                         "never joins")
+                                         "never joins", True)
         if idle:
             return blame(idle, lambda c: f"{c.name} is back in its idle reader loop while {peers} wait in a "
                                          "collective: it left or skipped that collective (a failed or desynchronised "
@@ -217,7 +219,7 @@ def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = 
         each = ", ".join(f"{e.name} in {_coll_of(e)}" for e in coll)
         what = (f"different collectives ({each}): the ranks diverged" if len(kinds) > 1 else
                 "the same collective: the transport (NCCL/gloo/network) or a rank missing from the dump is stuck")
-        return CrossRankVerdict(None, f"every rank seen is inside {what}.", coll[0].frames)
+        return CrossRankVerdict(None, f"every rank seen is inside {what}.", coll[0].frames, len(kinds) > 1)
     if engine is not None and engine.cls is Cls.ENGINE_WAITING_WORKERS:
         if slow := [w for w in workers if w.cls is not Cls.IDLE_READER_WAIT]:
             return blame(slow, lambda c: f"EngineCore waits for replies and {_state(c)} has not finished its step")
