@@ -168,3 +168,45 @@ def test_configured_recorder_prefixes_stand_in_for_an_environ_setproctitle_overw
         child.wait(10)
     thread.join(10)
     assert [(r.rank, r.data == dump) for r in t.ranks] == [(0, True)]
+
+
+def test_an_engine_of_one_rank_is_not_asked_for_a_recorder_dump_that_cannot_come(tmp_path: Path) -> None:
+    """Seen on the real vLLM 0.25.1 CUDA build at TP=1 (one H200): the frozen EngineCore's pipe was asked and no dump
+    came in the 10 s settle, so the bundle reached disk 10 s late. vLLM makes no NCCL communicator for one rank: the
+    recorder is not asked and the bundle says why. A worker rank (issue 19: one rank in its own NCCL group) still is."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from watchdog.core.processes import EngineProcess
+    from watchdog.core.roles import Role
+    from watchdog.evidence.gpu.gather import SINGLE_RANK
+
+    pipe_prefix, dump_prefix = str(tmp_path / "pipe_"), str(tmp_path / "fr_")
+    os.mkfifo(pipe_prefix + "0.pipe")
+    asked: list[bytes] = []
+
+    def torch_monitor() -> None:  # torch's monitor thread at TP=1: it reads the pipe, and has nothing to dump
+        with open(pipe_prefix + "0.pipe", "rb") as f:
+            asked.append(f.readline())
+
+    thread = threading.Thread(target=torch_monitor, daemon=True)
+    thread.start()
+    env = {"PATH": os.environ["PATH"], "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": pipe_prefix,
+           "TORCH_FR_DUMP_TEMP_FILE": dump_prefix}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
+    cfg = GpuSection(ras=False, fr_settle=1.0)
+    try:
+        core = EngineProcess(child.pid, Role.ENGINE_CORE, "VLLM::EngineCore", {})
+        one = gather_gpu([core], None, cfg, 0.0, freeze=True, now=1.0)
+        assert one.fr_verdict == SINGLE_RANK and one.fr_seconds == 0.0 and not asked
+        assert not [p for p in one.problems if "Flight Recorder" in p or "pipe" in p], one.problems
+        worker = EngineProcess(child.pid, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})
+        ranked = gather_gpu([core, worker], None, cfg, 0.0, freeze=True, now=1.0)
+        thread.join(5)
+        assert asked == [b"1\n"], "a worker rank's recorder is asked"
+        assert any("no readable dump" in p for p in ranked.problems), ranked.problems
+    finally:
+        child.kill()
+        child.wait(10)

@@ -154,3 +154,18 @@ def test_show_prints_the_headline_first_and_for_an_older_bundle_its_decision(tmp
     r = watchdog("show", path.name, "--state-dir", str(state))
     assert r.returncode == 0 and r.stdout.startswith(f"**{m['decision_reason']}**"), r.stdout[:200]
     assert "Runbook: runbooks/frozen.md" in r.stdout.split("# Incident")[0]
+
+
+def test_show_takes_a_bundle_directory_as_its_help_offers(tmp_path: Path) -> None:
+    """`watchdog show DIR`: a bundle copied off the host (or written by `dump --out`) is shown from its directory,
+    wherever it lies; a directory that holds no bundle is refused by name."""
+    from tests.unit.test_evidence_bundle import watchdog, write
+
+    elsewhere = write(tmp_path / "copied")  # not under the state directory
+    empty_state = tmp_path / "state"
+    r = watchdog("show", str(elsewhere), "--state-dir", str(empty_state))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (elsewhere / "summary.md").read_text()
+    (tmp_path / "nothing").mkdir()
+    r = watchdog("show", str(tmp_path / "nothing"), "--state-dir", str(empty_state))
+    assert r.returncode == 2 and "no incident" in r.stderr and str(tmp_path / "nothing") in r.stderr, r.stderr

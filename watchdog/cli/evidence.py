@@ -157,17 +157,26 @@ def cmd_incidents(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_show(cfg: Config, args: argparse.Namespace) -> int:
+    """One bundle's summary: by id, id prefix, or its directory (a bundle copied off the host, `dump --out`)."""
     if getattr(args, "upstream", False):
         return show_upstream(cfg, args)
-    for m in list_bundles(Path(cfg.state.dir) / "incidents"):
-        if m["id"] == args.id or m["id"].startswith(args.id):
-            if not m.get("headline"):  # written before bundles had headlines: what the stacks said, the plain page
-                print(f"**{m.get('decision_reason') or m.get('reason') or 'no reason recorded'}**\n\n"
-                      f"Runbook: {runbook_link(Runbook.FROZEN, cfg.alerts.runbook_base)}\n")
-            print((Path(m["path"]) / "summary.md").read_text(), end="")
-            return 0
-    print(f"watchdog: no incident {args.id!r}", file=sys.stderr)
-    return EXIT_NOTHING
+    bundle, why = _find_bundle(Path(cfg.state.dir) / "incidents", args.id)
+    if bundle is None:
+        print(f"watchdog: {why}", file=sys.stderr)
+        return EXIT_NOTHING
+    try:
+        m = json.loads(_read(bundle / "manifest.json"))
+        summary = _read(bundle / "summary.md")
+    except (OSError, ValueError) as e:
+        print(f"watchdog: {bundle}: not a readable bundle ({getattr(e, 'strerror', None) or e})", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    if why:
+        print(f"watchdog: {bundle.name}: {why}", file=sys.stderr)
+    if isinstance(m, dict) and not m.get("headline"):  # written before bundles had headlines: the reason, plainly
+        print(f"**{m.get('decision_reason') or m.get('reason') or 'no reason recorded'}**\n\n"
+              f"Runbook: {runbook_link(Runbook.FROZEN, cfg.alerts.runbook_base)}\n")
+    print(summary, end="")
+    return EXIT_INCOMPLETE if why else EXIT_COMPLETE
 
 
 def cmd_report(cfg: Config, args: argparse.Namespace) -> int:

@@ -131,6 +131,7 @@ class Decision(StrEnum):
 
     STUCK = "stuck"  # every rank parked and nothing moved: confirm the freeze now
     WORKING = "working"  # a rank inside the model, a kernel, the sampler or a compile: a long step
+    IDLE = "idle"  # EngineCore waits for requests and the page shows none: a healthy idle engine, nothing to confirm
     UNDECIDED = "undecided"  # the stacks could not be read well enough: the metric window decides, and says so
 
 

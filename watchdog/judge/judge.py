@@ -280,8 +280,9 @@ class Judge:
             tr.confirmed, tr.explained, tr.next_check = e, None, None
             again = " on a re-check of a long step" if rechecking else ""
             return self._set(tr, e.t, State.FROZEN, f"stacks confirm{again}: {e.reason}", v.stalled_for)
-        if e.decision == Decision.UNDECIDED:
-            # the metric window decides unless a later look does; its verdict says why the stacks could not
+        if e.decision in (Decision.UNDECIDED, Decision.IDLE):
+            # the metric window decides unless a later look does; its verdict says why the stacks could not (idle:
+            # the work the suspicion saw is gone from the page, and the page's own progress will say so)
             tr.undecided, tr.explained, tr.next_check = e.reason, None, None
             if not rechecking:
                 tr.retries += 1

@@ -2,7 +2,9 @@
 
 ``Notifier`` sends through libsystemd's ``sd_notify`` (``systemd.daemon.notify``, from systemd-python, the package
 that also gives the journal handler), which writes to the process's ``$NOTIFY_SOCKET``: a path or, with a leading
-``@``, an abstract socket. With ``WatchdogSec=`` systemd sets ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``); the Notifier
+``@``, an abstract socket. Where systemd-python is not installed (a container, a host without libsystemd) the same
+datagram goes out through a plain ``AF_UNIX`` socket, and logging goes to stderr: the watchdog runs anywhere.
+With ``WatchdogSec=`` systemd sets ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``); the Notifier
 then pings ``WATCHDOG=1`` at half that interval, but only when the loop asks (``ping_if_due``): there is no thread,
 so a wedged loop stops pinging and systemd restarts the service.
 """
@@ -11,13 +13,31 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
 
-from systemd import daemon
-
 log = logging.getLogger(__name__)
+
+
+def _datagram(state: str) -> bool:
+    """sd_notify(3) without libsystemd: one datagram to ``$NOTIFY_SOCKET``; False when it is unset or unusable."""
+    address = notify_address(os.environ.get("NOTIFY_SOCKET", ""))
+    if address is None:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        s.settimeout(1.0)
+        s.sendto(state.encode(), address)
+    return True
+
+
+def _notify_function() -> Callable[[str], bool]:
+    try:
+        from systemd import daemon  # noqa: PLC0415
+    except ImportError:
+        return _datagram
+    return lambda state: bool(daemon.notify(state))
 
 
 def notify_address(value: str) -> str | None:
@@ -65,6 +85,7 @@ class Notifier:
         self._last_ping: float | None = None
         self._status: str | None = None
         self._failing = False
+        self._notify = _notify_function() if self.enabled else _datagram
         self.sent = 0  # datagrams sent, for tests and benchmarks
 
     def send(self, *fields: str) -> bool:
@@ -72,7 +93,7 @@ class Notifier:
         if self.address is None or not fields:
             return False
         try:
-            sent = bool(daemon.notify("\n".join(fields)))  # False: no $NOTIFY_SOCKET in the process's environment
+            sent = self._notify("\n".join(fields))  # False: no $NOTIFY_SOCKET in the process's environment
         except OSError as e:
             sent = False
             if not self._failing:

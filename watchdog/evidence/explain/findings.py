@@ -54,6 +54,11 @@ class PageWork:
     waiting: float | None = None
 
     @property
+    def idle(self) -> bool:
+        """The page was read and shows no request, running or waiting."""
+        return self.running == 0 and self.waiting == 0
+
+    @property
     def admission_stall(self) -> bool:
         """Requests wait while none runs: nothing is being computed for anyone."""
         return self.running == 0 and (self.waiting or 0) > 0
@@ -338,6 +343,9 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
     if movers:
         return Decision.UNDECIDED, (f"stacks moved only in EngineCore's loop ({names}) without burning CPU "
                                     f"({page}): not a long step; the metric window decides"), None
+    if page.idle and (cores := [f for f in procs if f.process.role == Role.ENGINE_CORE]) and all(
+            f.explanation is not None and f.explanation.cls is Cls.ENGINE_IDLE for f in cores):
+        return Decision.IDLE, f"EngineCore waits for requests and the page shows none ({page})", None
     culprit = f"; culprit: {cross.culprit}" if cross.culprit else ""
     on_device = [f.explanation.name for f in procs if f.explanation and f.explanation.cls == Cls.DEVICE_WAIT]
     if on_device:  # not parked in a poll: waiting for its own GPU to finish (a kernel that spins or never ends)

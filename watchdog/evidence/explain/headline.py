@@ -226,6 +226,8 @@ def compose(f: Findings, capture: Capture | None = None, gpu: GpuSaid | None = N
                      Runbook.DIVERGED, done[0] if done else None)
     if f.decision is Decision.WORKING:
         return _said(f"the stacks show work, not a freeze: {f.reason}", Runbook.FROZEN)
+    if f.decision is Decision.IDLE:
+        return _said(f"an idle engine, not a freeze: {f.reason}", Runbook.FROZEN)
     if stopped := [p for p in procs if _cls(p) is Cls.STOPPED]:
         c = next((p for p in stopped if p.explanation and p.explanation.name == f.cross_rank.culprit), stopped[0])
         return _said(f"{_who(c)} is stopped ({_stopped_how(c.state)}){_rest(procs, c)}", Runbook.STOPPED_RANK, c)

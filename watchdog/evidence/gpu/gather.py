@@ -21,6 +21,7 @@ from pathlib import Path
 
 from watchdog.config.gpu import GpuSection, ras_host_port
 from watchdog.core.processes import EngineProcess
+from watchdog.core.roles import ENGINE_ROLES, Role
 from watchdog.evidence.gpu.flight_recorder import FrConfig, FrSummary, cross_rank_fr, summarize
 from watchdog.evidence.gpu.fr_dump import DumpError, load_dump
 from watchdog.evidence.gpu.fr_trigger import config_of, trigger
@@ -71,6 +72,18 @@ def _hms(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).strftime("%H:%M:%S.%f")[:-5]
 
 
+SINGLE_RANK = ("not asked: the engine is one rank (EngineCore runs the model itself): it makes no NCCL "
+               "communicator, so no recorder has anything to dump")
+
+
+def single_rank(processes: Sequence[EngineProcess]) -> bool:
+    """vLLM at TP=PP=DP=1: one EngineCore, no rank in its title, no worker. vLLM's collectives return at once for a
+    group of one and it makes no NCCL communicator, so no Flight Recorder dump can come (asked, one never came in 10 s
+    on an H200, torch 2.11)."""
+    engine = [p for p in processes if p.role in ENGINE_ROLES]
+    return bool(engine) and all(p.role == Role.ENGINE_CORE and not p.ranks for p in engine)
+
+
 def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, cfg: GpuSection,
                since: float, freeze: bool, now: float | None = None,
                stalled_since: float | None = None) -> GpuEvidence:
@@ -106,7 +119,9 @@ def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, c
     dumps: dict[int, bytes] = {}
     summaries: list[FrSummary] = []
     verdict, fr_seconds = "", 0.0
-    if freeze and cfg.flight_recorder and processes:
+    if freeze and cfg.flight_recorder and processes and single_rank(processes):
+        verdict = SINGLE_RANK
+    elif freeze and cfg.flight_recorder and processes:
         # every rank's pipe under each process's prefix: a title's TP/PP numbers are not the global rank
         t = trigger([p.pid for p in processes], None, cfg.fr_settle, configs=_fr_configs(processes, cfg))
         fr_seconds = t.seconds
