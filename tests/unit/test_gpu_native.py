@@ -57,3 +57,53 @@ def _native(*functions: str) -> ProcessStack:
 ])
 def test_native_patterns(functions: tuple[str, ...], cls: Cls) -> None:
     assert classify(_native(*functions), Role.WORKER, "R").cls == cls
+
+
+def test_a_stopped_process_is_never_passed_off_as_native_stacks(tmp_path: Path) -> None:
+    """Seen on the H200 (a SIGSTOPped VLLM::EngineCore): the bundle's --native dump was the plain one again. The real
+    py-spy cannot unwind a stopped process (blocking: 'Failed to suspend process'; --nonblocking refuses --native), so
+    it is not asked: the native dump says why, the rounds keep its Python frames, a running process still gets its
+    native frames."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from watchdog.core.processes import EngineProcess, Failure
+    from watchdog.evidence.collect.capture import STOPPED_NATIVE, Capturer, find_pyspy, run_argv
+
+    pyspy = find_pyspy()
+    assert pyspy is not None, "py-spy is one of the developers' packages (./scripts/setup)"
+    argvs: list[list[str]] = []
+
+    def runner(argv: object, timeout: float) -> tuple[int, str, str]:
+        argvs.append(list(argv))  # type: ignore[call-overload]
+        return run_argv(argv, timeout)  # type: ignore[arg-type]
+
+    code = "import time\ndef parked():\n    while True:\n        time.sleep(0.2)\nparked()\n"
+    kids = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(2)]
+    stopped, running = kids
+    try:
+        for p in kids:  # each in its loop before it is stopped or dumped
+            while "parked" not in subprocess.run([pyspy, "dump", "--pid", str(p.pid)], capture_output=True,
+                                                 text=True, timeout=20, check=False).stdout:
+                continue
+        os.kill(stopped.pid, signal.SIGSTOP)
+        for _ in range(50):
+            if Path(f"/proc/{stopped.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+                break
+            subprocess.run(["sleep", "0.1"], check=True, timeout=5)
+        procs = [EngineProcess(p.pid, Role.ENGINE_CORE, f"VLLM::EngineCore_{i}") for i, p in enumerate(kids)]
+        cap = Capturer(pyspy, timeout=20, runner=runner).capture(procs, rounds=2, gap=0.2,
+                                                                 native_pids=frozenset(p.pid for p in kids))
+    finally:
+        for p in kids:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+            p.wait(10)
+    assert all(r[stopped.pid].ok and r[stopped.pid].nonblocking for r in cap.rounds)
+    assert "parked" in cap.rounds[-1][stopped.pid].output
+    native = cap.native[stopped.pid]
+    assert not native.ok and native.error == STOPPED_NATIVE and native.failure is Failure.NATIVE_UNREADABLE
+    assert not [a for a in argvs if str(stopped.pid) in a and "--native" in a], argvs
+    assert cap.native[running.pid].ok and [a for a in argvs if str(running.pid) in a and "--native" in a]

@@ -4,7 +4,8 @@ Each dump has a timeout. A process that cannot be suspended (it is stopped: SIGS
 dumped again with ``--nonblocking``. ``--locals`` is off unless asked for: locals hold prompts and secrets.
 Every failure gets one kind (`Failure`: denied, missing, timeout, native_unreadable, gone, other), decided once
 here from py-spy's exit and stderr, and a text with its fix; the capture goes on with what can still be read. When
-``--native`` cannot be read the dump is taken again without it (Python-only stacks) and says so.
+``--native`` cannot be read the dump is taken again without it (Python-only stacks) and says so; a stopped process
+is never asked for native frames (py-spy cannot unwind one), and its native dump says why instead.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ PTRACE_HINT = ("ptrace was denied: run the watchdog as root or with CAP_SYS_PTRA
 MAX_OUTPUT = 64 * 1024 * 1024  # each of stdout and stderr: a py-spy dump of thousands of threads stays well below
 KILL_GRACE = 0.5  # py-spy ends at SIGTERM; kept short, as the capture's worst case (`deadlines`) counts only timeouts
 MISSING_HINT = "py-spy was not found: install it into the watchdog's venv (pip install py-spy) or set capture.pyspy"
+
+
+STOPPED_NATIVE = ("no native frames: the process is stopped (state T), and py-spy unwinds native stacks only of a "
+                  "process it suspends itself (blocking: 'Failed to suspend process'; --nonblocking refuses --native): "
+                  "its Python frames are where it stopped")
+
+
+def _stopped(facts: ProcFacts | None) -> bool:
+    return facts is not None and facts.state in ("T", "t")
 
 
 class DumpRunner(Protocol):
@@ -106,8 +116,10 @@ class Capturer:
         if self.pyspy is None:
             return Dump(pid, t0, False, "", MISSING_HINT, facts=facts, failure=Failure.MISSING)
         native = self.native if native is None else native
-        rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, native)
         note, degraded = "", None
+        if native and _stopped(facts):  # py-spy cannot unwind it: Python frames, said so, not a copy called native
+            native, note, degraded = False, STOPPED_NATIVE, Failure.NATIVE_UNREADABLE
+        rc, out, err, nonblocking = self._run(self.pyspy, pid, facts, native)
         if native and not (rc == 0 and out.strip()) and self._kind(pid, rc, err) == Failure.OTHER:
             # --native needs unwind information py-spy may not find: the Python frames still decide
             native_err = err.strip()[:200] or f"exit {rc}"
@@ -127,7 +139,7 @@ class Capturer:
             argv.append("--native")
         if self.with_locals:
             argv.append("--locals")
-        nonblocking = facts is not None and facts.state in ("T", "t")
+        nonblocking = _stopped(facts)
         rc, out, err = self.runner([*argv, "--nonblocking"] if nonblocking else argv, self.timeout)
         if rc != 0 and not nonblocking and "suspend" in err.lower():
             nonblocking = True
@@ -198,7 +210,12 @@ class Capturer:
         if not processes:
             problems.append("no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)")
         extra = [] if self.native else sorted(native_pids)  # with capture.native every round is native already
-        native = self.dump_all(extra, native=True)
+        stopped = [pid for pid in extra if _stopped(taken[-1][pid].facts if taken and pid in taken[-1] else None)]
+        native = self.dump_all([pid for pid in extra if pid not in stopped], native=True)
+        for pid in stopped:  # its Python frames are in the rounds already; a second copy would pass for native ones
+            d = taken[-1][pid]
+            native[pid] = Dump(pid, d.t, False, "", STOPPED_NATIVE, d.nonblocking, d.facts, 0.0,
+                               Failure.NATIVE_UNREADABLE)
         options: dict[str, object] = {"native": self.native, "native_pids": extra,
                                       "locals": self.with_locals, "rounds": rounds,
                                       "gap_seconds": gap, "pyspy": self.pyspy}
