@@ -187,7 +187,7 @@ class Recorder:
                         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
                         rec = {"t": round(time.time(), 3), "util": u.gpu, "mem_util": u.memory,
                                "power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000,
-                               "limit_w": pynvml.nvmlDeviceGetEnforcedPowerManagementLimit(h) / 1000,
+                               "limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
                                "sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
                                "mem_used_mib": pynvml.nvmlDeviceGetMemoryInfo(h).used // 2**20,
                                "procs": [p.pid for p in procs]}

@@ -22,7 +22,7 @@ WATCHDOG_TEST_INJECT names the flag file; its content is the fault, read again a
   peers never join (a barrier on the TP group's CPU group, after ``execute_model``); Worker_TP0 goes on to the next
   collective of the step (or of the next step) and waits there for ever. It fires once per arming: the flag must be
   cleared and written again to fire again.
-- ``gpu_spin`` (CUDA): the next step's ``GPUModelRunner.execute_model`` first queues one kernel that spins for
+- ``gpu_spin`` (CUDA): the next step's ``Worker.execute_model`` first queues one kernel that spins for
   ``SPIN_S`` (``WATCHDOG_TEST_SPIN_S``, default 60 s) on the GPU (`watchdog_inject_gpu.spin`): the step's kernels
   wait behind it and EngineCore (TP=1: it runs the model itself) waits on its own GPU. Once per arming; the
   kernel ends by itself and the engine goes on.
@@ -58,7 +58,7 @@ SLOW_WRITE_S = 1.3  # past the readers' 1 s busy spin: they poll when the block 
 SCHEDULER = "vllm.v1.core.sched.scheduler"
 RING = "vllm.distributed.device_communicators.shm_broadcast"
 WORKER = "vllm.v1.worker.gpu_worker"
-RUNNER = "vllm.v1.worker.gpu_model_runner"
+PENALTIES = "vllm.v1.worker.gpu.sample.penalties"
 SAMPLER = "vllm.v1.sample.sampler"
 GPU_SPIN = "gpu_spin"
 ILLEGAL_ACCESS = "illegal_access"
@@ -157,6 +157,7 @@ def _patch_worker(module: ModuleType) -> None:
     execute: Callable[..., Any] = worker.execute_model
 
     def execute_patched(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _spin_once()
         out = execute(self, *args, **kwargs)
         if mode() != DIVERGE:
             _fired[0] = False
@@ -214,32 +215,30 @@ def _patch_scheduler(scheduler_module: ModuleType) -> None:
 _spun: list[bool] = [False]  # gpu_spin fired in this arming
 
 
-def _patch_runner(module: ModuleType) -> None:
-    """gpu_spin: one step's kernels queue behind a kernel that spins for SPIN_S, once per arming."""
-    runner = module.GPUModelRunner
-    if getattr(runner, "_watchdog_injected", False):
-        return
-    execute: Callable[..., Any] = runner.execute_model
+def _spin_once() -> None:
+    """gpu_spin: the step's kernels queue behind a kernel that spins for SPIN_S, once per arming."""
+    if mode() != GPU_SPIN:
+        _spun[0] = False
+    elif not _spun[0]:
+        _spun[0] = True
+        import watchdog_inject_gpu
 
-    def execute_patched(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if mode() != GPU_SPIN:
-            _spun[0] = False
-        elif not _spun[0]:
-            _spun[0] = True
-            import watchdog_inject_gpu
+        cycles = watchdog_inject_gpu.spin(SPIN_S)
+        print(f"watchdog_inject: gpu_spin: {_title()} queued a kernel of {cycles} cycles (~{SPIN_S:g} s)",
+              file=sys.stderr, flush=True)
 
-            cycles = watchdog_inject_gpu.spin(SPIN_S)
-            print(f"watchdog_inject: gpu_spin: {_title()} queued a kernel of {cycles} cycles (~{SPIN_S:g} s)",
-                  file=sys.stderr, flush=True)
-        return execute(self, *args, **kwargs)
 
-    runner.execute_model = execute_patched
-    runner._watchdog_injected = True
-    _announce(RUNNER)
+def _illegal_access() -> None:
+    import watchdog_inject_gpu
+
+    print(f"watchdog_inject: illegal_access: {_title()} stores outside its memory in the penalty step",
+          file=sys.stderr, flush=True)
+    watchdog_inject_gpu.illegal_access()
 
 
 def _patch_sampler(module: ModuleType) -> None:
-    """illegal_access: the penalty step of a request with a repetition penalty stores outside its memory."""
+    """illegal_access (V1 runner's sampler): the penalty step of a request with a repetition penalty stores outside
+    its memory."""
     if getattr(module, "_watchdog_injected", False):
         return
     penalties: Callable[..., Any] = module.apply_all_penalties
@@ -247,11 +246,7 @@ def _patch_sampler(module: ModuleType) -> None:
     def penalties_patched(logits: Any, prompt_token_ids: Any, presence: Any, frequency: Any, repetition: Any,
                           *args: Any, **kwargs: Any) -> Any:
         if mode() == ILLEGAL_ACCESS and bool((repetition != 1.0).any()):
-            import watchdog_inject_gpu
-
-            print(f"watchdog_inject: illegal_access: {_title()} stores outside its memory in the penalty step",
-                  file=sys.stderr, flush=True)
-            watchdog_inject_gpu.illegal_access()
+            _illegal_access()
         return penalties(logits, prompt_token_ids, presence, frequency, repetition, *args, **kwargs)
 
     module.apply_all_penalties = penalties_patched
@@ -259,9 +254,26 @@ def _patch_sampler(module: ModuleType) -> None:
     _announce(SAMPLER)
 
 
+def _patch_penalties(module: ModuleType) -> None:
+    """illegal_access (the GPU model runner V2, CUDA's default in 0.25): its penalty kernel runs only for requests
+    with a penalty; the fault stores outside its memory right before it."""
+    if getattr(module, "_watchdog_injected", False):
+        return
+    penalties: Callable[..., Any] = module.apply_penalties
+
+    def penalties_patched(*args: Any, **kwargs: Any) -> Any:
+        if mode() == ILLEGAL_ACCESS:
+            _illegal_access()
+        return penalties(*args, **kwargs)
+
+    module.apply_penalties = penalties_patched
+    module._watchdog_injected = True
+    _announce(PENALTIES)
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {SCHEDULER: _patch_scheduler, RING: _patch_ring,
-                                                     WORKER: _patch_worker, RUNNER: _patch_runner,
-                                                     SAMPLER: _patch_sampler}
+                                                     WORKER: _patch_worker, SAMPLER: _patch_sampler,
+                                                     PENALTIES: _patch_penalties}
 
 
 class _Loader(importlib.abc.Loader):
