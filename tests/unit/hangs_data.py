@@ -34,5 +34,7 @@ def load(name: str, root: Path = DATA) -> tuple[Capture, dict[str, Any]]:
             gap = float(quiet[1]) if quiet else 2.0  # the rounds as far apart as they were taken
             rnd[key] = Dump(key, gap * (n - 1), bool(text.strip()), text, "" if text.strip() else "not read", False,
                             facts, quiet=tuple(quiet) if quiet and n > 1 else None)
-    rings = tuple(ring_from_json(r, r.get("node", "local")) for r in json.loads((d / "ring.json").read_text()))
+    ring = d / "ring.json"  # none where no ring was read (TP=1: EngineCore has no workers)
+    rings = tuple(ring_from_json(r, r.get("node", "local")) for r in json.loads(ring.read_text())) \
+        if ring.exists() else ()
     return Capture(tuple(procs), tuple(rounds), rings=rings), m
