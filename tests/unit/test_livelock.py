@@ -134,6 +134,9 @@ def test_running_zero_waiting_nothing_moving_is_an_admission_stall() -> None:
     # the same stacks with nothing waiting are parked ranks (a wedge the probe found), not an admission stall
     f = assess(cap, work_pending=True, page=PageWork(running=0, waiting=0))
     assert f.decision is Decision.STUCK and f.stuck_kind is StuckKind.PARKED
+    # and with no work pending at all (`watchdog dump` of a healthy engine): idle, not stuck
+    f = assess(cap, work_pending=False, page=PageWork(running=0, waiting=0))
+    assert f.decision is Decision.IDLE and f.stuck_kind is None, f.reason
 
 
 def test_a_stall_with_the_loop_turning_slowly_is_an_admission_stall() -> None:

@@ -25,7 +25,7 @@ from watchdog.evidence.explain.ranks import (
     poll_parking,
 )
 from watchdog.evidence.explain.ring_layout import family
-from watchdog.evidence.explain.ring_said import said_all
+from watchdog.evidence.explain.ring_said import ring_readers, said_all
 from watchdog.evidence.stacks.parse import Frame, ProcessStack, StackParseError, parse_pyspy_json
 
 _WORKING = {Cls.MODEL_FORWARD, Cls.COMPILE}  # a rank doing real work: the silence is a long step
@@ -54,8 +54,7 @@ class PageWork:
     waiting: float | None = None
 
     @property
-    def idle(self) -> bool:
-        """The page was read and shows no request, running or waiting."""
+    def idle(self) -> bool:  # read, and no request running or waiting
         return self.running == 0 and self.waiting == 0
 
     @property
@@ -192,25 +191,10 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
                               unread, said_all(rings) if rings else "")
     complete = bool(engine_procs) and all(not f.error for f in engine_procs) and not capture.unseen_nodes
     decision, reason, kind = _decide(engine_procs, complete, two_rounds, cross, page or PageWork(),
-                                     capture.unseen_nodes)
+                                     capture.unseen_nodes, work_pending)
     if decision is Decision.STUCK and kind is StuckKind.PARKED:
         decision, reason, kind = _parked_why(reason, cross, hypothesis, rings, engine_procs)
     return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems, kind, page)
-
-
-def ring_readers(rings: tuple[Ring, ...]) -> dict[str, int | None] | None:
-    """The rings' local readers by name, each with the first block written and not read by it (None: it read every
-    block written); None when no ring was read."""
-    if not rings:
-        return None
-    out: dict[str, int | None] = {}
-    for ring in rings:
-        n = len(ring.readers) or (len(ring.blocks[0].read) if ring.blocks else 0)
-        for i in range(n):
-            first = next((b.index for b in ring.blocks if i in b.unread_by()), None)
-            name = ring.reader_name(i)
-            out[name] = first if out.get(name) is None else out[name]
-    return out
 
 
 # From this release on an idle reader re-checks the ring every 5 s (vLLM PR #45224): a parked reader with a block
@@ -304,7 +288,8 @@ def _burning(procs: list[ProcessFinding], stall: bool, loop: set[Cls], steps: bo
 
 
 def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
-            cross: CrossRankVerdict, page: PageWork, unseen: tuple[str, ...] = ()) -> _Said:
+            cross: CrossRankVerdict, page: PageWork, unseen: tuple[str, ...] = (),
+            pending: bool | None = None) -> _Said:
     """Stacks clear a suspicion only with a rank in the model (a kernel, the sampler) or compiling, or movement
     outside EngineCore's own loop; they confirm it when every engine process was read, twice, and nothing but that
     loop moved: a livelock (the loop burning CPU), an admission stall (requests wait, none runs) or parked ranks."""
@@ -343,9 +328,9 @@ def _decide(procs: list[ProcessFinding], complete: bool, two_rounds: bool,
     if movers:
         return Decision.UNDECIDED, (f"stacks moved only in EngineCore's loop ({names}) without burning CPU "
                                     f"({page}): not a long step; the metric window decides"), None
-    if page.idle and (cores := [f for f in procs if f.process.role == Role.ENGINE_CORE]) and all(
-            f.explanation is not None and f.explanation.cls is Cls.ENGINE_IDLE for f in cores):
-        return Decision.IDLE, f"EngineCore waits for requests and the page shows none ({page})", None
+    if page.idle and not pending and (cores := [f for f in procs if f.process.role == Role.ENGINE_CORE]) and all(
+            f.explanation is not None and f.explanation.cls is Cls.ENGINE_IDLE for f in cores):  # a probe's request
+        return Decision.IDLE, f"EngineCore waits for requests and the page shows none ({page})", None  # is work
     culprit = f"; culprit: {cross.culprit}" if cross.culprit else ""
     on_device = [f.explanation.name for f in procs if f.explanation and f.explanation.cls == Cls.DEVICE_WAIT]
     if on_device:  # not parked in a poll: waiting for its own GPU to finish (a kernel that spins or never ends)

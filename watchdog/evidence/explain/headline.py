@@ -21,8 +21,9 @@ from watchdog.core.roles import ENGINE_ROLES, Role
 from watchdog.core.runbooks import Runbook
 from watchdog.core.types import Decision
 from watchdog.evidence.explain.classes import Cls
-from watchdog.evidence.explain.findings import Findings, ProcessFinding, StuckKind, ring_readers
+from watchdog.evidence.explain.findings import Findings, ProcessFinding, StuckKind
 from watchdog.evidence.explain.frame_rules import _COLL_FUNC, _COLL_NATIVE, _base, _noise
+from watchdog.evidence.explain.ring_said import ring_readers
 
 _LAUNCH = re.compile(r"^cu(?:da)?LaunchKernel")
 _GLOSS = {  # what the poll-parking status means, in a few words

@@ -66,3 +66,18 @@ def ring_to_dict(ring: Ring) -> dict[str, Any]:
             "blocks": [{"index": b.index, "written": b.written, "read": list(b.read),
                         "unread_by": [ring.reader_name(i) for i in b.unread_by()]} for b in ring.blocks],
             "error": ring.error, "t": ring.t, "said": said(ring)}
+
+
+def ring_readers(rings: tuple[Ring, ...]) -> dict[str, int | None] | None:
+    """The rings' local readers by name, each with the first block written and not read by it (None: it read every
+    block written); None when no ring was read."""
+    if not rings:
+        return None
+    out: dict[str, int | None] = {}
+    for ring in rings:
+        n = len(ring.readers) or (len(ring.blocks[0].read) if ring.blocks else 0)
+        for i in range(n):
+            first = next((b.index for b in ring.blocks if i in b.unread_by()), None)
+            name = ring.reader_name(i)
+            out[name] = first if out.get(name) is None else out[name]
+    return out
