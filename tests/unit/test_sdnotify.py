@@ -358,3 +358,20 @@ def test_no_ping_while_the_loop_is_stuck_in_a_pass(tmp_path: Path, daemon_proc: 
     finally:
         server.close()
         sock.close()
+
+
+def test_without_systemd_python_the_watchdog_imports_and_still_notifies(tmp_path: Path) -> None:
+    """Seen on the H200 device (no libsystemd there): `import systemd.daemon` was unconditional, so the watchdog could
+    not start. In a fresh interpreter where systemd-python cannot be imported, the CLI and the daemon import, and
+    READY=1 still reaches $NOTIFY_SOCKET (a real datagram socket)."""
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as srv:
+        srv.bind(path)
+        srv.settimeout(20)
+        code = ("import sys\nsys.modules['systemd'] = None\nsys.modules['systemd.daemon'] = None\n"
+                "import watchdog.cli.main, watchdog.service.daemon\n"
+                "from watchdog.service.sdnotify import Notifier\nNotifier().ready('watching')\n")
+        r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NOTIFY_SOCKET": path},
+                           capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        assert srv.recv(200) == b"READY=1\nSTATUS=watching"
