@@ -4,14 +4,13 @@ watchdog takes the stacks, alerts a real receiver, runs the restart command, and
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.harness.faults import frozen
 from tests.harness.load import LoadGenerator
@@ -24,10 +23,14 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture
 def scripted(engine_python: Path, fast_model: Path, tmp_path: Path) -> Iterator[ScriptedServer]:
-    s = ScriptedServer(engine_python, fast_model, tmp_path)
+    """Every server the restart script starts loads the tests' fault injection, inert until the flag names one."""
+    flag = tmp_path / "fault"
+    flag.write_text("")
+    s = ScriptedServer(engine_python, fast_model, tmp_path, inject=flag)
     try:
         yield s
     finally:
+        flag.write_text("")
         pid = read_pid(s.pidfile)
         if pid is not None:
             stop_group(pid)
@@ -41,6 +44,7 @@ def restart_config(server: ScriptedServer, hook: str, extra: str = "") -> str:
     return quick_config(10.0, 25.0, 10.0, f"""
 [capture]
 timeout = 30.0
+log_file = {json.dumps(str(server.log_path))}
 [restart]
 boot_timeout = 300.0
 evidence_timeout = 120.0
@@ -115,26 +119,41 @@ def test_frozen_worker_is_captured_alerted_restarted_and_serving_again(
 
 
 @pytest.mark.versions
-def test_an_engine_that_exits_is_alerted_restarted_and_serving_again(
+def test_an_engine_that_crashes_is_alerted_with_its_error_restarted_and_serving_again(
         scripted: ScriptedServer, receiver: Callable[..., Receiver], tmp_path: Path) -> None:
-    """vLLM exits by itself after its 300 s RPC timeout (or crashes): down, then restarted."""
+    """The engine's own crash: one request with a repetition penalty makes the sampler index outside a tensor
+    (the injection's ``illegal_access``; on CUDA the illegal memory access), EngineCore dies of the failed step and
+    the server exits. Down, its bundle with the log's error before the restart, then restarted and serving."""
     hook = receiver()
     wd, first_pid = watched(scripted, hook, tmp_path)
     try:
-        os.killpg(first_pid, signal.SIGKILL)  # the whole server, as when vLLM's own timeout ends it
+        (tmp_path / "fault").write_text("illegal_access")
+        time.sleep(0.5)  # the engine re-reads the flag at most every 0.2 s
+        r = requests.post(f"{scripted.url}/v1/completions", timeout=120, json={
+            "model": scripted.model.name, "prompt": "hello", "max_tokens": 4, "repetition_penalty": 1.3})
+        (tmp_path / "fault").write_text("")
+        assert r.status_code == 500, r.text
         opened = wd.wait_event("incident_opened", 60)
-        started = wd.wait_event("restart_started", 30)
+        captured = wd.wait_event("evidence_captured", 60)
+        started = wd.wait_event("restart_started", 60)
         recovered = wd.wait_event("recovered", 360)
         wd.wait_event("resolved", 30)
         scripted.wait_ready(60)
     finally:
         wd.stop()
     assert opened["kind"] == "down" and scripted.pid != first_pid
-    # down needs no stacks: nothing is taken or waited for between the incident and the restart (how soon the
-    # restart follows is a measure, bench/bench_recovery.py's "engine_exits" runs)
-    names = [e["event"] for e in wd.events() if e["event"] != "transition"]
-    between = names[names.index("incident_opened") + 1:names.index("restart_started")]
-    assert not [n for n in between if n.startswith("evidence")], between
-    assert started["incident"] == opened["incident"]
-    assert recovered["incident"] == opened["incident"]
-    assert alerts_sent(hook, 4) == ["engine_down", "restart_started", "recovered", "resolved"]
+    assert started["incident"] == opened["incident"] == captured["incident"] == recovered["incident"]
+    # the headline names the error the log holds, in the process that raised it, and its runbook
+    said = "index 4398046511104 is out of bounds for dimension 0 with size 4 (IndexError in Worker_TP"
+    assert captured["headline"].startswith(f"down: the engine died: {said}"), captured
+    assert captured["runbook"] == "down-engine-error"
+    bundle = Path(captured["bundle"])
+    m = json.loads((bundle / "manifest.json").read_text())
+    assert bundle.name == opened["incident"] and m["state"] == "down" and m["headline"] == captured["headline"]
+    assert m["log_cause"]["exception"] == "IndexError" and m["log_cause"]["process"].startswith("Worker_TP")
+    assert "IndexError: index 4398046511104" in (bundle / "log-tail.txt").read_text()
+    assert event_time(captured) <= event_time(started), "the bundle first, then the restart"
+    assert alerts_sent(hook, 5) == ["engine_down", "evidence_captured", "restart_started", "recovered", "resolved"]
+    assert hook.bodies()[1]["summary"] == captured["headline"]
+    print(f"incident_opened -> bundle {event_time(captured) - event_time(opened):.2f}s, "
+          f"bundle -> restart_started {event_time(started) - event_time(captured):.2f}s")

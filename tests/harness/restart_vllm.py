@@ -23,6 +23,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.harness.inject import injected_env
 from tests.harness.server import VllmServer, free_port
 
 
@@ -74,7 +75,9 @@ def read_pid(pidfile: Path) -> int | None:
 class ScriptedServer:
     """A vLLM started and restarted only by the restart script, as the watchdog's command strategy will."""
 
-    def __init__(self, engine_python: Path, model: Path, tmp: Path, tensor_parallel_size: int = 2) -> None:
+    def __init__(self, engine_python: Path, model: Path, tmp: Path, tensor_parallel_size: int = 2,
+                 inject: Path | None = None) -> None:
+        """``inject``: the flag file of the tests' fault injection, loaded by every server this script starts."""
         self.port, self.model = free_port(), model
         self.pidfile, self.log_dir = tmp / "vllm.pid", tmp / "logs"
         self.argv = [sys.executable, str(Path(__file__).resolve()), "--pidfile", str(self.pidfile),
@@ -82,7 +85,10 @@ class ScriptedServer:
                      "--log-dir", str(self.log_dir)]
         if tensor_parallel_size != 2:
             self.argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        if inject is not None:
+            self.argv += ["--inject", str(inject)]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.log_dir / f"vllm-{self.port}.log"  # every server's, appended: one life after another
 
     def run_script(self, *extra: str) -> None:
         subprocess.run([*self.argv, *extra], check=True, timeout=120, capture_output=True, start_new_session=True)
@@ -126,6 +132,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tensor-parallel-size", type=int, default=2)  # 1: still a VLLM::Worker (mp executor)
     ap.add_argument("--stop-only", action="store_true")
+    ap.add_argument("--inject", help="the fault injection's flag file (tests/harness/inject)")
     a = ap.parse_args()
     pidfile = Path(a.pidfile)
     old = read_pid(pidfile)
@@ -135,7 +142,8 @@ def main() -> int:
     if a.stop_only:
         return 0
     server = VllmServer(Path(a.python), Path(a.model), Path(a.log_dir), port=a.port, name=f"vllm-{a.port}",
-                        tensor_parallel_size=a.tensor_parallel_size)
+                        tensor_parallel_size=a.tensor_parallel_size,
+                        env=injected_env(Path(a.inject)) if a.inject else None)
     server.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(server.log_path, "ab") as log:
         p = subprocess.Popen(server.args, env=server.env, stdin=subprocess.DEVNULL, stdout=log,

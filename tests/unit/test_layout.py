@@ -42,6 +42,7 @@ PURE = (
     "watchdog.evidence.explain.ring_layout",
     "watchdog.evidence.explain.ring_said",
     "watchdog.evidence.explain.known_hangs",
+    "watchdog.evidence.explain.log_cause",
     "watchdog.evidence.gpu.readings",
     "watchdog.evidence.gpu.culprit",
     "watchdog.evidence.gpu.flight_recorder",

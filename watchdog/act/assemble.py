@@ -40,7 +40,8 @@ class _NoAlerts:
 
 class Act:
     def __init__(self, cfg: Config, state_dir: Path, event: Callable[[dict[str, Any]], None],
-                 http: EngineHTTP) -> None:
+                 http: EngineHTTP, bundle: Callable[[str, str, str], None] | None = None) -> None:
+        """``bundle(engine, incident id, reason)``: asks the evidence stage for a down incident's bundle."""
         self.cfg = cfg
         self.alerts: Dispatcher | None = build_dispatcher(cfg)
         a = cfg.alerts
@@ -66,7 +67,8 @@ class Act:
 
         self.recovery = RecoveryRunner(restart, generate, cfg.probe.retry)
         plan = describe(cfg.restart, cfg.nodes) if cfg.restart.steps else []
-        self.responder = Responder(cfg, state_dir, self.alerts or _NoAlerts(), self.recovery, event, plan)
+        self.responder = Responder(cfg, state_dir, self.alerts or _NoAlerts(), self.recovery, event, plan,
+                                   bundle=bundle)
         if cfg.restart.dry_run:
             log.warning("dry run: restarts are described in events, never run")
         elif not cfg.restart.steps:
@@ -99,9 +101,10 @@ class Act:
         return self.responder.id_for(engine, wall)
 
     def stacks(self, engine: str, decision: str | None, bundle: str | None, details: dict[str, Any],
-               final: bool) -> None:
-        """What the stacks said, for the engine's incident (a freeze waits for its bundle; stacks may hold it)."""
-        self.responder.evidence(engine, decision, bundle, details, final=final)
+               final: bool, incident: str = "") -> None:
+        """What the stacks said, for the engine's incident (a freeze or a down engine waits for its bundle; stacks
+        may hold a freeze)."""
+        self.responder.evidence(engine, decision, bundle, details, final=final, incident=incident)
 
     def fault(self, stage: str, error: str, where: str, started: float) -> None:
         """The watchdog's own fault: one alert per stage and watchdog life (the id is the same all that life)."""

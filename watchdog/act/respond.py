@@ -19,7 +19,6 @@ restarting again. While paused nothing is acted on and no alert is sent; events 
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -30,10 +29,11 @@ from watchdog.act.alerts import Alert
 from watchdog.act.policy import Budget, Choice, choose
 from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
 from watchdog.act.restart import RestartOutcome
-from watchdog.act.state import CONTROL, Control, Incident, Memory, load_control, load_memory, save_memory
+from watchdog.act.state import Control, ControlFile, Incident, Memory, load_memory, save_memory
 from watchdog.config.load import Config
 from watchdog.core.runbooks import Runbook, runbook_link
 from watchdog.core.types import State, Verdict, base_url, calm, incident_id
+from watchdog.evidence.explain.log_cause import down_runbook
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,9 @@ CONTROL_CALM_EVERY = 15.0
 class Responder:
     def __init__(self, cfg: Config, state_dir: Path, alerts: AlertSender, recovery: Recoverer,
                  event: Callable[[dict[str, Any]], None], plan: list[str] | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
-        self.cfg, self.r, self.state_dir = cfg, cfg.restart, state_dir
+                 wall: Callable[[], float] = time.time, bundle: Callable[[str, str, str], None] | None = None) -> None:
+        """``bundle(engine, incident id, reason)`` asks for a down incident's bundle (None: capture is off)."""
+        self.cfg, self.r, self.state_dir, self.bundle = cfg, cfg.restart, state_dir, bundle
         self.alerts, self.recovery, self.event, self.wall = alerts, recovery, event, wall
         self.plan = plan or []
         self.budget = Budget.of(cfg.restart)
@@ -73,9 +74,7 @@ class Responder:
         self._verdicts: dict[str, Verdict] = {}
         self._mono = 0.0
         self._quiet_since: float | None = None  # monotonic time the last incident ended: older verdicts are spent
-        self._control_seen: tuple[int, int, int] | None = (-1, -1, -1)  # not yet read
-        self._control_path = str(state_dir / CONTROL)  # stat'ed often: the path built once
-        self._control_read_at = float("-inf")
+        self._control_file, self._control_read_at = ControlFile(state_dir), float("-inf")
         self._reserved: dict[str, str] = {}  # engine -> the id its freeze's bundle took before the incident opened
         self._stacks_said: dict[str, tuple[str, str]] = {}  # engine -> (headline, runbook) of stacks found stuck
 
@@ -141,14 +140,17 @@ class Responder:
             self._decide(inc, now)
 
     def evidence(self, engine: str, decision: str | None, bundle: str | None, details: dict[str, Any],
-                 final: bool = True) -> None:
+                 final: bool = True, incident: str = "") -> None:
         """The freeze's stacks: ``decision`` stuck | working | undecided, None when not taken. ``final``: the freeze's
-        own bundle (or its failure), which the incident waits for; a check before it is kept (stuck: for its alert)."""
+        own bundle (or its failure), which the incident waits for; a check before it is kept (stuck: for its alert).
+        A down incident's bundle (its log's cause; what is left running) only ends its wait: no stacks hold it."""
         inc, said = self.memory.incident, (str(details.get("headline") or ""), str(details.get("runbook") or ""))
-        if inc is None or inc.engine != engine or inc.kind != "frozen":
+        if inc is None or inc.engine != engine or inc.kind not in ("frozen", "down") or (inc.kind == "down" and (
+                not final or incident != inc.id)):
             self._stacks_said[engine] = said if decision == "stuck" else ("", "")
             return
-        inc.evidence, inc.bundle = decision or inc.evidence, bundle or inc.bundle
+        inc.evidence = decision or inc.evidence if inc.kind == "frozen" else None
+        inc.bundle = bundle or inc.bundle
         if final and inc.phase == "evidence":
             inc.phase = "open"
         self._save()
@@ -157,15 +159,8 @@ class Responder:
                         "verdict": decision, "bundle": bundle, **details}, runbook=Runbook(said[1] or Runbook.FROZEN))
 
     def _read_control(self) -> None:
-        """The operator's switches, parsed again only when the file changed (a stat, not a parse)."""
-        try:
-            st = os.stat(self._control_path)
-            seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            seen = None
-        if seen != self._control_seen:
-            self.control = load_control(self.state_dir) if seen is not None else Control()
-            self._control_seen = seen
+        """The operator's switches as of now (a stat; parsed only when the file changed)."""
+        self.control = self._control_file.read()
 
     # -- opening, deciding, closing --------------------------------------------------------------------
 
@@ -192,15 +187,18 @@ class Responder:
         reserved = self._reserved.pop(v.engine, None) if kind == "frozen" else None
         iid = reserved or incident_id(now, self.cfg.engine.name, v.engine, kind, secrets.token_hex(2))
         inc = Incident(iid, v.engine, kind, now, v.reason)
-        inc.phase = "evidence" if kind == "frozen" and self.cfg.capture.enabled else "open"
+        bundled = self.cfg.capture.enabled and (kind == "frozen" or (kind == "down" and self.bundle is not None))
+        inc.phase = "evidence" if bundled else "open"  # its bundle (down: the log's cause) before any restart
         self._evidence_wait_until = now + self.r.evidence_timeout
         self.memory.incident, self._said = inc, ""
         self._save()
         self._event(inc, "incident_opened", reason=v.reason)
+        if kind == "down" and bundled and self.bundle is not None:
+            self.bundle(v.engine, iid, v.reason)
         said, rb = self._stacks_said.pop(v.engine, ("", ""))  # a freeze the stacks confirmed: their headline
-        if not (said and said in v.reason):  # else by kind; down: a rank lost ("... exited on node w1"), or the API
+        if not (said and said in v.reason):  # else by kind (down: a rank lost, or the API server)
             said, rb = v.reason, {"frozen": Runbook.FROZEN, "boot_timeout": Runbook.STARTING_TOO_LONG}.get(
-                kind, Runbook.DOWN_RANK_LOST if " on node " in v.reason else Runbook.DOWN_API)
+                kind, down_runbook(v.reason))
         self._alert(inc, "engine_down" if kind == "down" else "stall_detected", said, {"kind": kind} if kind == "down"
                     else {"kind": kind, "stalled_for": round(v.stalled_for, 1)}, runbook=Runbook(rb))
         if inc.phase == "open":

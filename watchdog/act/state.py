@@ -131,6 +131,26 @@ def load_control(state_dir: Path) -> Control:
         return Control()
 
 
+class ControlFile:
+    """The operator's switches as of the last `read`: a stat each time, parsed again only when the file changed."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir, self.path = state_dir, str(state_dir / CONTROL)  # stat'ed often: the path built once
+        self.control = Control()
+        self._seen: tuple[int, int, int] | None = (-1, -1, -1)  # not yet read
+
+    def read(self) -> Control:
+        try:
+            st = os.stat(self.path)
+            seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            seen = None
+        if seen != self._seen:
+            self.control = load_control(self.state_dir) if seen is not None else Control()
+            self._seen = seen
+        return self.control
+
+
 def save_control(state_dir: Path, control: Control) -> None:
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     write_json(state_dir / CONTROL, {"version": VERSION, **asdict(control)})

@@ -22,6 +22,7 @@ class Runbook(StrEnum):
     # down
     DOWN_API = "down-api-server"  # the API server does not answer
     DOWN_RANK_LOST = "down-rank-lost"  # a rank's process is gone (this node or another)
+    DOWN_ENGINE_ERROR = "down-engine-error"  # the engine died of an error its log names (CUDA, out of memory, NCCL)
     # blind: the watchdog cannot see
     BLIND_PAGE = "blind-page"  # /metrics unreadable (garbage, refused, timing out)
     BLIND_NODE = "blind-node"  # another node cannot be reached (and an engine frozen while it cannot be seen)

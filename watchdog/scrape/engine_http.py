@@ -136,7 +136,7 @@ class EngineHTTP:
             resp = self._pages.urlopen("GET", url, headers=headers, timeout=self._page_timeout,
                                        retries=self._page_retries, preload_content=False, decode_content=False)
         except urllib3.exceptions.HTTPError as e:
-            raise self._page_failure(e, url, started) from None
+            raise self._page_failure(e, url.split("?", 1)[0], started) from None  # the page's URL, not the filter
         try:
             data = _read_body(resp, resp.status, "the page", started, lim.deadline, lim.max_bytes)
         except HttpFailure:

@@ -113,7 +113,7 @@ class Daemon:
             sinks.append(self._write_trace)
         watcher = build_watcher(self.cfg, self.http, sinks)
         if not once:
-            self.act = Act(self.cfg, self.state_dir, self._act_event, self.http)
+            self.act = Act(self.cfg, self.state_dir, self._act_event, self.http, self._down_bundle)
         if self.cfg.gpu.enabled and not once:
             g = self.cfg.gpu
             self.gpu = GpuMonitor(NvmlSource(), g.interval, g.dense_interval, g.dense_for, g.keep_seconds)
@@ -282,7 +282,13 @@ class Daemon:
                                                 self._stalled_since(watcher, tr.engine))
             if self.act is not None and out.incident is not None:
                 i = out.incident
-                self.act.stacks(i.engine, i.decision.value if i.decision else None, i.bundle, i.details, i.final)
+                self.act.stacks(i.engine, i.decision.value if i.decision else None, i.bundle, i.details, i.final,
+                                i.incident)
+
+    def _down_bundle(self, engine: str, incident: str, reason: str) -> None:
+        """A down incident opened: its bundle, asked of the evidence stage (none when capture is off)."""
+        if self.evidence is not None:
+            self.evidence.down(engine, incident, reason)
 
     @staticmethod
     def _stalled_since(watcher: Watcher, engine: str) -> float | None:

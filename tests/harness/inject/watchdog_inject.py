@@ -26,10 +26,12 @@ WATCHDOG_TEST_INJECT names the flag file; its content is the fault, read again a
   ``SPIN_S`` (``WATCHDOG_TEST_SPIN_S``, default 60 s) on the GPU (`watchdog_inject_gpu.spin`): the step's kernels
   wait behind it and EngineCore (TP=1: it runs the model itself) waits on its own GPU. Once per arming; the
   kernel ends by itself and the engine goes on.
-- ``illegal_access`` (CUDA): a request that asks for a repetition penalty makes the sampler's penalty step launch a
-  kernel that stores outside its memory (`watchdog_inject_gpu.illegal_access`): ``CUDA error: an illegal memory
-  access was encountered`` at the next synchronisation, EngineCore dies and the server with it, as when a
-  ``repetition_penalty`` request crashes a real deployment's speculative path.
+- ``illegal_access``: a request that asks for a repetition penalty makes the sampler's penalty step access memory
+  outside a tensor, and the engine dies of it, the server with it, as when a ``repetition_penalty`` request crashes
+  a real deployment's speculative path. On CUDA a kernel stores outside its memory
+  (`watchdog_inject_gpu.illegal_access`): ``CUDA error: an illegal memory access was encountered`` at the next
+  synchronisation, in EngineCore. On the CPU build torch checks the same access and refuses it: ``IndexError:
+  index ... is out of bounds``, raised in each worker's sampler; EngineCore dies of the failed step.
 - anything else, an empty file or no file: no fault; vLLM behaves as shipped.
 
 The modules are patched right after they are imported (a meta-path finder), in whichever process imports them.
@@ -229,10 +231,15 @@ def _spin_once() -> None:
 
 
 def _illegal_access() -> None:
-    import watchdog_inject_gpu
+    import torch
 
     print(f"watchdog_inject: illegal_access: {_title()} stores outside its memory in the penalty step",
           file=sys.stderr, flush=True)
+    if not torch.cuda.is_available():  # the CPU build: torch bounds-checks the index and raises IndexError
+        torch.zeros(4).index_fill_(0, torch.tensor([1 << 42]), 1.0)
+        return
+    import watchdog_inject_gpu
+
     watchdog_inject_gpu.illegal_access()
 
 

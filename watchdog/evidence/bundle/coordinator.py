@@ -4,6 +4,7 @@
   judge as `StackEvidence`;
 - a freeze asks for its bundle, named with the open incident's id (the one id of bundle, events, alerts and
   status); the capture that decided the suspicion serves when it is recent enough;
+- a down incident asks for its bundle when it opens (`down`): the log's cause and what is left running;
 - every finished job becomes one event (``evidence_checked``, ``evidence_captured`` or ``evidence_failed``) and,
   for the engine's incident, what the stacks said.
 
@@ -22,6 +23,7 @@ from watchdog.evidence.bundle.investigate import EvidenceDone, EvidenceJob
 from watchdog.evidence.explain.headline import compose
 from watchdog.evidence.explain.known_hangs import match as match_known
 from watchdog.evidence.explain.known_hangs import with_clause
+from watchdog.evidence.explain.log_cause import down_runbook
 
 
 class Runner(Protocol):
@@ -38,6 +40,7 @@ class ForIncident:
     bundle: str | None
     details: dict[str, Any]
     final: bool
+    incident: str = ""  # the incident the bundle was written for ("" for a check)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,10 @@ class EvidenceCoordinator:
             self.runner.request(EvidenceJob(tr.engine, tr.to_state.value, tr.reason, True, now - self.stall_window,
                                             self.incident_for(tr.engine, wall), stalled_since))
 
+    def down(self, engine: str, incident: str, reason: str) -> None:
+        """A down incident's bundle: the log's cause, what is left running, the GPUs (never a capture of before)."""
+        self.runner.request(EvidenceJob(engine, State.DOWN.value, reason, True, float("inf"), incident))
+
     def check(self, engine: str, reason: str, now: float) -> None:
         """Ask for a check of the stacks (one in flight per engine)."""
         if engine not in self._checking:
@@ -85,13 +92,15 @@ class EvidenceCoordinator:
         ids: dict[str, Any] = {"incident": job.incident} if job.incident else {}
         if done.evidence is None:
             event: dict[str, Any] = {"event": "evidence_failed", "engine": engine, "error": done.error, **ids}
-            return Outcome(event, None, ForIncident(engine, None, None, {"error": done.error}, True)
+            return Outcome(event, None, ForIncident(engine, None, None, {"error": done.error}, True, job.incident)
                            if job.bundle else None)
         f = done.evidence.findings
         # what happened, from the cause down, and its runbook: the bundle's (with its GPU evidence) when written
         said = compose(f, done.evidence.capture)
         known = match_known(f, done.evidence.capture, vllm=done.evidence.vllm)  # no log here: the stacks and rings
         headline, runbook = done.said if done.said[0] else (with_clause(said.text, known), said.runbook.value)
+        if job.state == State.DOWN.value and not done.said[0]:  # no bundle to read its log's cause from
+            headline, runbook = f"down: {job.reason}", down_runbook(job.reason).value
         summary: dict[str, Any] = {"decision": f.decision.value, "headline": headline, "runbook": runbook,
                                    "reason": f.reason, "culprit": f.cross_rank.culprit,
                                    "poll_parking": f.hypothesis.status.value, "complete": f.complete,
@@ -110,4 +119,4 @@ class EvidenceCoordinator:
                            ForIncident(engine, f.decision, None, details, False))
         event = {"event": "evidence_captured", "engine": engine, "bundle": bundle, "error": done.error or None,
                  **ids, **summary, "capture_seconds": round(done.evidence.seconds, 3)}
-        return Outcome(event, None, ForIncident(engine, f.decision, bundle, details, True))
+        return Outcome(event, None, ForIncident(engine, f.decision, bundle, details, True, job.incident))

@@ -57,12 +57,16 @@ class Investigator:
 
     def __init__(self, cfg: Config, http: EngineHTTP, finder: Callable[[], list[EngineProcess]] | None = None,
                  capturer: Capturer | None = None, gpu: GpuMonitor | None = None,
-                 others: OtherNodes | None = None) -> None:
+                 others: OtherNodes | None = None,
+                 survivors: Callable[[], list[EngineProcess]] | None = None) -> None:
         self.cfg, self.http, self.gpu = cfg, http, gpu
         c = cfg.capture
         self.base = http.base
         self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter,
                                                   container=c.docker_container))
+        # a down engine's processes still alive: only under its own port or container, never the host's other titles
+        self.survivors = survivors or (lambda: discover(self.base, c.process_prefix, c.title_filter,
+                                                        container=c.docker_container, anywhere=False))
         self.capturer = capturer or Capturer(find_pyspy(c.pyspy), c.timeout, c.native, c.locals)
         self.incidents_dir = Path(cfg.state.dir) / "incidents"
         self.remote = others  # [[nodes]]: their stacks and context too
@@ -88,10 +92,16 @@ class Investigator:
         e = engines.get(engine) or (next(iter(engines.values())) if len(engines) == 1 else None)
         return PageWork(e.running, e.waiting) if e is not None else None
 
-    def investigate(self, work_pending: bool | None, engine: str = "") -> Evidence:
+    def investigate(self, work_pending: bool | None, engine: str = "", down: bool = False) -> Evidence:
+        """The stacks of the engine's processes. ``down``: of those still alive under its port or container (none:
+        no capture at all, the bundle is its log and GPUs)."""
         t0 = time.monotonic()
-        page = self.page_work(engine)  # at suspicion, before the capture's gap: livelock and admission-stall rules
-        processes = self.finder()
+        page = None if down else self.page_work(engine)  # at suspicion, before the gap: livelock, admission stall
+        processes = self.survivors() if down else self.finder()
+        if down and not processes and self.remote is None:
+            capture = Capture((), (), (), {"rounds": 0, "survivors": "none: every engine process had exited"})
+            return Evidence(capture, assess(capture, None), time.monotonic() - t0)
+
         def local() -> Capture:
             taken = self.capturer.capture(processes, self.cfg.capture.rounds, self.cfg.capture.gap,
                                           native_pids=self._gpu_holders(processes))
@@ -131,10 +141,11 @@ class Investigator:
         wall = time.time()
         inc = BundleHeader(incident, engine, state, reason, self.base, wall)
         root = root or self.incidents_dir
-        # on a GPU host: NVML around the freeze, RAS, every rank's Flight Recorder (bounded), before any restart
-        since = wall - self.cfg.judge.stall_window - evidence.seconds
-        gpu = (gather_gpu(evidence.capture.processes, self.gpu, self.cfg.gpu, since, freeze=True, now=wall,
-                          stalled_since=stalled_since) if self.gpu is not None else None)
+        # on a GPU host: NVML around the freeze, RAS, every rank's Flight Recorder (bounded), before any restart; a
+        # down engine's GPUs from the last minute (no Flight Recorder: its ranks are gone)
+        since = wall - (self.cfg.judge.stall_window if state != "down" else 60.0) - evidence.seconds
+        gpu = (gather_gpu(evidence.capture.processes, self.gpu, self.cfg.gpu, since, freeze=state != "down",
+                          now=wall, stalled_since=stalled_since) if self.gpu is not None else None)
         path = write_bundle(root, inc, evidence.capture, evidence.findings, context, gpu,
                             self.cfg.alerts.runbook_base)
         removed = prune(root, self.cfg.incidents.max_count, self.cfg.incidents.max_bytes)
@@ -148,7 +159,7 @@ class EvidenceJob:
     engine: str
     state: str
     reason: str
-    bundle: bool  # write an incident bundle (a freeze), or only check the stacks (a suspicion)
+    bundle: bool  # write an incident bundle (a freeze, a down engine), or only check the stacks (a suspicion)
     reuse_after: float  # a capture of this engine started after this (monotonic) may serve instead of a new one
     incident: str = ""  # the incident whose bundle this is (bundle jobs only)
     stalled_since: float | None = None  # wall time of the last progress seen (bundle jobs): the GPUs' window
@@ -201,7 +212,10 @@ class EvidenceRunner:
 
     def _run(self, job: EvidenceJob) -> EvidenceDone:
         latest = self._latest.get(job.engine)
-        if latest is not None and latest[0] >= job.reuse_after:
+        if job.state == "down":  # what is left of it now (a capture of the engine alive would say nothing of this)
+            started = self.clock()
+            evidence = self.investigator.investigate(None, job.engine, down=True)
+        elif latest is not None and latest[0] >= job.reuse_after:
             started, evidence = latest
         else:
             started = self.clock()

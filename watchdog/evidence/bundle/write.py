@@ -23,6 +23,7 @@ from watchdog.evidence.collect.context import Context
 from watchdog.evidence.explain import known_hangs
 from watchdog.evidence.explain.findings import Findings, ProcessFinding
 from watchdog.evidence.explain.headline import GpuSaid, Headline, compose
+from watchdog.evidence.explain.log_cause import cause_of, down_headline
 from watchdog.evidence.explain.ring_said import ring_to_dict, said_all
 from watchdog.evidence.gpu.culprit import GpuCulprit, RankView, gpu_culprit
 from watchdog.evidence.gpu.gather import GpuEvidence, write_gpu_files
@@ -88,9 +89,10 @@ def _node_of(findings: Findings, name: str | None) -> str | None:
 
 def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: Context,
              files: list[str], said: Headline | None = None, runbook_base: str = "") -> dict[str, Any]:
-    said = said or compose(findings, capture, verdict=inc.reason if inc.state == "frozen" else "")
-    logs = "\n".join([context.log_tail, *(n.log_tail for n in context.nodes.values())])
+    said = said or headline_of(inc, capture, findings, None, context)
+    logs = _logs(context)
     hangs = known_hangs.match(findings, capture, logs, context.versions.get("vllm", ""))  # ends the headline
+    cause = cause_of(logs) if inc.state == "down" else None
     return {
         "version": MANIFEST_VERSION,
         "id": inc.id, "created": datetime.fromtimestamp(inc.created, UTC).isoformat(), "engine": inc.engine,
@@ -114,6 +116,8 @@ def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: C
         "processes": [_process_record(f, capture) for f in findings.processes],
         "problems": sorted({*findings.problems, *context.problems}),
         "ring_buffer_warnings_in_log": context.ring_warnings, "log_source": context.log_source,
+        # down: the error that ended the engine's last life, as its log has it (evidence/explain/log_cause.py)
+        "log_cause": cause.to_json() if cause is not None else None,
         "versions": context.versions, "capture_options": capture.options, "files": files,
         "nodes": per_node(capture, context.nodes, [*findings.problems, *context.problems], context.log_source,
                           context.log_tail),
@@ -129,13 +133,9 @@ def _kinds(failures: list[dict[str, Any]]) -> str:
             if counts else "")
 
 
-def summary(m: dict[str, Any]) -> str:
-    lines = [
-        f"# Incident {m['id']}",
-        "",
-        *([f"**{m['headline']}**", "", f"Runbook: {m['runbook_link']}", ""] if m.get("headline") else []),
-        f"**engine {m['engine']}: {m['state'].upper()}** at {m['created']} on {m['url']}",
-        f"- why: {m['reason']}",
+def _stacks_lines(m: dict[str, Any]) -> list[str]:
+    """What the stacks said, and the head of their table."""
+    return [
         f"- stacks say: **{m['decision']}**: {m['decision_reason']}",
         f"- culprit: **{m['culprit'] or 'none named'}**"
         + (f" on node {m['culprit_node']}" if m.get("culprit_node") not in (None, "local") else "")
@@ -150,6 +150,23 @@ def summary(m: dict[str, Any]) -> str:
         "| process | pid | state | class | moved | CPU s | deciding frames |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+
+
+def summary(m: dict[str, Any]) -> str:
+    lines = [
+        f"# Incident {m['id']}",
+        "",
+        *([f"**{m['headline']}**", "", f"Runbook: {m['runbook_link']}", ""] if m.get("headline") else []),
+        f"**engine {m['engine']}: {m['state'].upper()}** at {m['created']} on {m['url']}",
+        f"- why: {m['reason']}",
+        *([f"- the engine log says: `{c['exception'] + ': ' if c['exception'] else ''}{c['error']}` "
+           f"({c['process'] or 'no process named'}, line {c['line']} of `log-tail.txt`)"]
+          if (c := m.get("log_cause")) else []),
+    ]
+    if m["state"] == "down" and not m["processes"]:  # a down engine with nothing left: no stacks to speak of
+        lines.append("- left running: nothing (every engine process had exited: no stacks to take)")
+    else:
+        lines += _stacks_lines(m)
     for p in m["processes"]:
         frames = " < ".join(f"{f['function']} ({f['file'].rsplit('/', 1)[-1]})" for f in p["frames"][:3])
         lines.append(f"| {p['title'] or p['role']} | {p['pid']} | {p['state']} | {p['class'] or 'no stack'} | "
@@ -165,7 +182,9 @@ def summary(m: dict[str, Any]) -> str:
         lines += ["", "**py-spy --locals was ON: these dumps may hold prompts and secrets. Share with care.**"]
     if m["problems"]:
         lines += ["", "## Capture problems (each with its fix)", *[f"- {p}" for p in m["problems"]]]
-    lines += ["", "Raw py-spy dumps are in `dumps/`; the metrics page in `metrics.txt`.", ""]
+    held = [f"{what} in `{name}`" for name, what in (("dumps/", "raw py-spy dumps"), ("metrics.txt", "the metrics "
+            "page"), ("log-tail.txt", "the engine log's tail")) if any(f.startswith(name) for f in m["files"])]
+    lines += ["", f"Files: {'; '.join(held)}." if held else "No raw files: nothing could be read.", ""]
     return "\n".join(lines)
 
 
@@ -202,8 +221,19 @@ def _write(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def headline_of(inc: BundleHeader, capture: Capture, findings: Findings, gpu: GpuEvidence | None) -> Headline:
-    """The bundle's headline: the stacks' cause, with the GPU culprit evidence on a GPU host."""
+def _logs(context: Context) -> str:
+    """Every node's log tail, this node's first."""
+    return "\n".join([context.log_tail, *(n.log_tail for n in context.nodes.values())])
+
+
+def headline_of(inc: BundleHeader, capture: Capture, findings: Findings, gpu: GpuEvidence | None,
+                context: Context | None = None) -> Headline:
+    """The bundle's headline: a down engine's by the error in its log; else the stacks' cause, with the GPU culprit
+    evidence on a GPU host."""
+    if inc.state == "down":
+        logs = _logs(context) if context is not None else ""
+        text, runbook = down_headline(inc.reason, cause_of(logs), bool(context and context.log_source))
+        return Headline(text, runbook)
     verdict = inc.reason if inc.state == "frozen" else ""
     if gpu is None:
         return compose(findings, capture, verdict=verdict)
@@ -245,7 +275,8 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
         if capture.rings:  # every ring read, its blocks and flags (docs/ring.md)
             _write(partial / "ring.json", json.dumps([ring_to_dict(r) for r in capture.rings], indent=2) + "\n")
             files.append("ring.json")
-        m = manifest(inc, capture, findings, context, files, headline_of(inc, capture, findings, gpu), runbook_base)
+        m = manifest(inc, capture, findings, context, files, headline_of(inc, capture, findings, gpu, context),
+                     runbook_base)
         if gpu is not None:
             m["gpu"] = gpu_manifest(gpu, findings)
         _write(partial / "summary.md", summary(m))

@@ -116,11 +116,15 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 def discover(url: str | None = None, prefix: str = "VLLM::", title_filter: str = "",
              processes: Iterable[psutil.Process] | None = None, container: str = "",
-             runner: Runner = run_argv, fs: ProcFS | None = None) -> list[EngineProcess]:
+             runner: Runner = run_argv, fs: ProcFS | None = None, anywhere: bool = True) -> list[EngineProcess]:
     """The engine processes behind ``url`` (its listener and descendants; through Docker's proxy), else in the
-    named ``container`` (its init pid's descendants), else every titled one on the host."""
+    named ``container`` (its init pid's descendants), else every titled one on the host (``anywhere``). A down
+    engine's (not ``anywhere``): else the server whose command line names the URL's port, else none (another
+    engine's titles are not its own)."""
     found: list[EngineProcess] = []
     root = engine_root(url, container, runner, fs) if (url or container) and processes is None else None
+    if root is None and not anywhere and url and processes is None and (tree := server_for_port(url)) is not None:
+        root = tree.pid, True  # its port closed: the server found by its command line, and what is left under it
     if root is not None:
         root_pid, is_server = root
         for proc in _tree(root_pid):
@@ -133,6 +137,8 @@ def discover(url: str | None = None, prefix: str = "VLLM::", title_filter: str =
         if not any(p.role in ENGINE_ROLES for p in found):
             log.info("the engine's root for %s (pid %d) has no engine processes under it", url or container, root_pid)
         return _filtered(found, title_filter)
+    if not anywhere and processes is None:
+        return []
     for proc in processes if processes is not None else psutil.process_iter():
         desc = _describe(proc, prefix)
         if desc is not None:
