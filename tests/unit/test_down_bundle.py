@@ -28,7 +28,7 @@ CUDA = "CUDA error: an illegal memory access was encountered"
 def test_the_real_cuda_crash_is_read_from_the_engine_log() -> None:
     c = cause_of((CRASH / "engine.log").read_text(errors="replace"))
     assert c is not None and not c.consequence
-    assert (c.error, c.exception, c.process, c.pid, c.kind) == (CUDA, "torch.AcceleratorError", "EngineCore", 728,
+    assert (c.error, c.exception, c.process, c.pid, c.kind) == (CUDA, "torch.AcceleratorError", "EngineCore", 725,
                                                                 "cuda")
     text, runbook = down_headline("nothing listening", c, log_read=True)
     assert text == f"down: the engine died: {CUDA} (torch.AcceleratorError in EngineCore)"
@@ -91,7 +91,10 @@ def test_the_recorded_crash_replayed_through_the_real_bundle_writer(tmp_path: Pa
     assert m["state"] == "down" and m["id"] == opened["incident"] == bundle.name
     assert m["headline"] == f"down: the engine died: {CUDA} (torch.AcceleratorError in EngineCore)"
     assert m["runbook"] == "down-engine-error" and m["runbook_link"] == "runbooks/down-engine-error.md"
-    assert m["log_cause"]["error"] == CUDA and m["log_cause"]["pid"] == 728
+    assert m["log_cause"]["error"] == CUDA and m["log_cause"]["pid"] == 725
+    recorded = json.loads((CRASH / "bundles" / opened["incident"] / "manifest.json").read_text())
+    assert (m["headline"], m["runbook"], m["log_cause"]) == (recorded["headline"], recorded["runbook"],
+                                                             recorded["log_cause"])  # what the device's daemon wrote
     tail = (bundle / "log-tail.txt").read_text().splitlines()
     assert CUDA in tail[m["log_cause"]["line"] - 1]  # the line the manifest names, in the tail the bundle holds
     summary = (bundle / "summary.md").read_text()

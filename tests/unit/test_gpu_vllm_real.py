@@ -110,5 +110,20 @@ def test_a_cuda_illegal_memory_access_reads_down_and_the_log_says_why() -> None:
     armed = _at("armed illegal_access; one request with repetition_penalty", crash)
     down = [_wall(e) - armed for e in events if e["event"] == "transition" and e["to"] == "down" and _wall(e) > armed]
     assert down and down[0] < 10, down  # measured 1.0 s: the server exits at once
-    assert any(e["event"] == "incident_opened" and e["kind"] == "down" for e in events)
+    [opened] = [e for e in events if e["event"] == "incident_opened"]
+    assert opened["kind"] == "down" and "?" not in opened["reason"]  # the page's URL, not the filter's 15 names
     assert "CUDA error: an illegal memory access was encountered" in (crash / "engine.log").read_text()
+    # the daemon's own bundle of the down incident, written before anything else was done (here: observe only)
+    [captured] = [e for e in events if e["event"] == "evidence_captured"]
+    said = "down: the engine died: CUDA error: an illegal memory access was encountered (torch.AcceleratorError in " \
+           "EngineCore)"
+    assert captured["incident"] == opened["incident"] and captured["headline"] == said
+    assert captured["runbook"] == "down-engine-error"
+    assert [e["event"] for e in events if e["event"] != "transition"] == ["incident_opened", "evidence_captured",
+                                                                          "restart_not_run"]
+    bundle = crash / "bundles" / opened["incident"]
+    m = json.loads((bundle / "manifest.json").read_text())
+    assert m["headline"] == said and m["state"] == "down" and m["processes"] == []
+    assert (m["log_cause"]["process"], m["log_cause"]["pid"]) == ("EngineCore", 725)
+    assert _wall({"time": m["created"].replace("+00:00", "Z")}) - _wall(opened) < 1.0  # measured 0.04 s
+    assert m["gpu"]["readings"] and "idle" in " ".join(m["gpu"]["lines"])  # the GPU after the crash: no kernel

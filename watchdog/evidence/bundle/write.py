@@ -176,7 +176,8 @@ def summary(m: dict[str, Any]) -> str:
     if m.get("gpu"):
         g = m["gpu"]
         lines += ["", "## GPUs (power corroborates the stacks; it never decides alone)",
-                  f"- culprit GPU rank: **{g.get('culprit') or 'none named'}**: {g.get('culprit_reason', '')}",
+                  *([f"- culprit GPU rank: **{g.get('culprit') or 'none named'}**: {g.get('culprit_reason', '')}"]
+                    if m["processes"] else []),  # a down engine with nothing left has no ranks to blame
                   *[f"- {line}" for line in g["ranks"]], *[f"- {line}" for line in g["lines"]]]
     if m["capture_options"].get("locals"):
         lines += ["", "**py-spy --locals was ON: these dumps may hold prompts and secrets. Share with care.**"]
