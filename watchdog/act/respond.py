@@ -145,11 +145,12 @@ class Responder:
         own bundle (or its failure), which the incident waits for; a check before it is kept (stuck: for its alert).
         A down incident's bundle (its log's cause; what is left running) only ends its wait: no stacks hold it."""
         inc, said = self.memory.incident, (str(details.get("headline") or ""), str(details.get("runbook") or ""))
-        if inc is None or inc.engine != engine or inc.kind not in ("frozen", "down") or (inc.kind == "down" and (
-                not final or incident != inc.id)):
+        ours = inc is not None and inc.engine == engine and (
+            inc.kind == "frozen" or (inc.kind == "down" and final and incident == inc.id))  # a down one: its bundle
+        if inc is None or not ours:
             self._stacks_said[engine] = said if decision == "stuck" else ("", "")
             return
-        inc.evidence = decision or inc.evidence if inc.kind == "frozen" else None
+        inc.evidence = (decision or inc.evidence) if inc.kind == "frozen" else None
         inc.bundle = bundle or inc.bundle
         if final and inc.phase == "evidence":
             inc.phase = "open"
@@ -187,14 +188,14 @@ class Responder:
         reserved = self._reserved.pop(v.engine, None) if kind == "frozen" else None
         iid = reserved or incident_id(now, self.cfg.engine.name, v.engine, kind, secrets.token_hex(2))
         inc = Incident(iid, v.engine, kind, now, v.reason)
-        bundled = self.cfg.capture.enabled and (kind == "frozen" or (kind == "down" and self.bundle is not None))
-        inc.phase = "evidence" if bundled else "open"  # its bundle (down: the log's cause) before any restart
+        down_bundle = self.bundle if kind == "down" and self.cfg.capture.enabled else None
+        inc.phase = "evidence" if (kind == "frozen" and self.cfg.capture.enabled) or down_bundle else "open"
         self._evidence_wait_until = now + self.r.evidence_timeout
         self.memory.incident, self._said = inc, ""
         self._save()
         self._event(inc, "incident_opened", reason=v.reason)
-        if kind == "down" and bundled and self.bundle is not None:
-            self.bundle(v.engine, iid, v.reason)
+        if down_bundle is not None:  # its bundle (the log's cause) before any restart
+            down_bundle(v.engine, iid, v.reason)
         said, rb = self._stacks_said.pop(v.engine, ("", ""))  # a freeze the stacks confirmed: their headline
         if not (said and said in v.reason):  # else by kind (down: a rank lost, or the API server)
             said, rb = v.reason, {"frozen": Runbook.FROZEN, "boot_timeout": Runbook.STARTING_TOO_LONG}.get(

@@ -89,10 +89,12 @@ def _node_of(findings: Findings, name: str | None) -> str | None:
 
 def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: Context,
              files: list[str], said: Headline | None = None, runbook_base: str = "") -> dict[str, Any]:
-    said = said or headline_of(inc, capture, findings, None, context)
     logs = _logs(context)
     hangs = known_hangs.match(findings, capture, logs, context.versions.get("vllm", ""))  # ends the headline
-    cause = cause_of(logs) if inc.state == "down" else None
+    cause = cause_of(logs) if inc.state == "down" else None  # a down engine is said by its log's error
+    if inc.state == "down":
+        said = Headline(*down_headline(inc.reason, cause, bool(context.log_source)))
+    said = said or headline_of(inc, capture, findings, None)
     return {
         "version": MANIFEST_VERSION,
         "id": inc.id, "created": datetime.fromtimestamp(inc.created, UTC).isoformat(), "engine": inc.engine,
@@ -227,14 +229,9 @@ def _logs(context: Context) -> str:
     return "\n".join([context.log_tail, *(n.log_tail for n in context.nodes.values())])
 
 
-def headline_of(inc: BundleHeader, capture: Capture, findings: Findings, gpu: GpuEvidence | None,
-                context: Context | None = None) -> Headline:
-    """The bundle's headline: a down engine's by the error in its log; else the stacks' cause, with the GPU culprit
-    evidence on a GPU host."""
-    if inc.state == "down":
-        logs = _logs(context) if context is not None else ""
-        text, runbook = down_headline(inc.reason, cause_of(logs), bool(context and context.log_source))
-        return Headline(text, runbook)
+def headline_of(inc: BundleHeader, capture: Capture, findings: Findings, gpu: GpuEvidence | None) -> Headline:
+    """The headline of a bundle's stacks: their cause, with the GPU culprit evidence on a GPU host (a down engine's
+    is its log's error: `manifest`)."""
     verdict = inc.reason if inc.state == "frozen" else ""
     if gpu is None:
         return compose(findings, capture, verdict=verdict)
@@ -276,8 +273,8 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
         if capture.rings:  # every ring read, its blocks and flags (docs/ring.md)
             _write(partial / "ring.json", json.dumps([ring_to_dict(r) for r in capture.rings], indent=2) + "\n")
             files.append("ring.json")
-        m = manifest(inc, capture, findings, context, files, headline_of(inc, capture, findings, gpu, context),
-                     runbook_base)
+        said = None if inc.state == "down" else headline_of(inc, capture, findings, gpu)
+        m = manifest(inc, capture, findings, context, files, said, runbook_base)
         if gpu is not None:
             m["gpu"] = gpu_manifest(gpu, findings)
         _write(partial / "summary.md", summary(m))

@@ -16,7 +16,7 @@ prints the consequence (``EngineDeadError: EngineCore encountered an issue``) an
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from watchdog.core.runbooks import Runbook
 
@@ -53,8 +53,7 @@ class LogCause:
     consequence: bool  # only a consequence was found (EngineDeadError): the cause was not printed, or scrolled out
 
     def to_json(self) -> dict[str, object]:
-        return {"error": self.error, "exception": self.exception, "process": self.process, "pid": self.pid,
-                "line": self.line, "kind": self.kind, "consequence": self.consequence}
+        return asdict(self)
 
 
 def _strip(line: str) -> tuple[str, str, int | None]:
