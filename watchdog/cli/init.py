@@ -4,8 +4,9 @@ It looks for a vLLM API server process (``vllm serve``, not headless; or the Ope
 command line (--port, --host, --api-key's presence), the sockets it listens on, its cgroup (a systemd service or a
 Docker container, and then the port Docker publishes), whether ``VLLM_API_KEY`` is in its environment (the name
 only: no value is read into anything), and counts the GPUs through NVML. `watchdog.config.starter` writes the text;
-the real loader checks it; it is written to ``--config`` (default /etc/engine-watchdog/config.toml) unless that
-exists (``--force`` replaces it) or printed with ``--print``. What was found and what could not be decided go to
+the real loader checks it; it is written to ``--config`` (default ``$ENGINE_WATCHDOG_CONFIG``, else
+/etc/engine-watchdog/config.toml) unless that exists (``--force`` replaces a file, never anything else) or printed
+with ``--print``. What was found and what could not be decided go to
 stderr (with --print) or stdout.
 """
 
@@ -21,12 +22,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from watchdog.cli.config import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from watchdog.config.load import ConfigError, load
 from watchdog.config.starter import HostFound, ServerFound, compose, is_api_server, server_port
 from watchdog.host.run import run
 from watchdog.nodes.identity import cgroup_paths, docker_id_in, unit_in
-
-DEFAULT_CONFIG = "/etc/engine-watchdog/config.toml"
 
 
 def _argv(pid: str, proc: Path) -> tuple[str, ...]:
@@ -143,7 +143,7 @@ def add_parser(sub: Any) -> None:
     i = sub.add_parser("init", help="write a starting config from what this host shows (engine URL, unit or "
                                     "container, API key variable, GPUs, restart steps)")
     i.add_argument("--url", default="", help="the engine's base URL, when it cannot be found or several run here")
-    i.add_argument("--config", default=DEFAULT_CONFIG, help=f"the file to write (default {DEFAULT_CONFIG})")
+    i.add_argument("--config", help=f"the file to write (default ${CONFIG_ENV}, else {DEFAULT_CONFIG})")
     i.add_argument("--name", default="vllm", help="how events and metrics name this engine stack")
     i.add_argument("--print", dest="to_stdout", action="store_true", help="print the config, write nothing")
     i.add_argument("--force", action="store_true", help="replace an existing config file")
@@ -155,7 +155,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     servers = find_servers(notes=notes)
     gpus, why = count_gpus()
     starter = compose(HostFound(servers, gpus, why, args.url, tuple(notes)), args.name)
-    target = Path(args.config)
+    target = Path(config_path(args.config).path)
+    if not args.to_stdout and target.exists() and not target.is_file():
+        print(f"watchdog init: {target} is not a regular file: nothing written (--config PATH names the file)",
+              file=sys.stderr)
+        return 1
     if not args.to_stdout and target.exists() and not args.force:
         print(f"watchdog init: {target} exists: not overwritten (--force replaces it, --print shows the new text)",
               file=sys.stderr)

@@ -1,6 +1,7 @@
 """The `watchdog` command, the one entry point. Each stage's verbs live with the stage:
 check, run, record, replay in `watchdog.cli.service`; dump, explain, incidents, show, report in
-`watchdog.cli.evidence`; pause, resume, reset, status in `watchdog.cli.act`."""
+`watchdog.cli.evidence`; pause, resume, reset, status in `watchdog.cli.act`; which config file every verb reads
+and `config check` in `watchdog.cli.config`."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from typing import Any, NoReturn
 
 from watchdog import __version__
 from watchdog.cli import act as operate
+from watchdog.cli import config as configuration
 from watchdog.cli import evidence as triage
 from watchdog.cli import init as starting
 from watchdog.cli import nodes
 from watchdog.cli import service as watch
-from watchdog.config.load import Config, ConfigError, load
+from watchdog.config.load import Config, ConfigError
 from watchdog.service.sdnotify import setup_logging
 from watchdog.service.trace import TraceError
 
@@ -35,7 +37,7 @@ def clashing_distribution() -> str | None:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    cfg = load(args.config)
+    cfg = configuration.load_config(args.config)
     engine: dict[str, Any] = {"url": getattr(args, "url", None)}
     state: dict[str, Any] = {"dir": str(args.state_dir) if getattr(args, "state_dir", None) else None}
     exporter: dict[str, Any] = {"port": getattr(args, "metrics_port", None)}
@@ -58,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser, url: bool = True, state_dir: bool = False, as_json: bool = False) -> None:
-        sp.add_argument("--config", help="TOML config file (optional; every key has a default)")
+        sp.add_argument("--config", help=configuration.CONFIG_HELP)
         if url:
             sp.add_argument("--url", help="the vLLM server's base URL, e.g. http://127.0.0.1:8000")
         if state_dir:
@@ -98,8 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=lambda a: triage.cmd_report(_config(a), a))
 
     operate.add_commands(sub, common, _config)
-    nodes.add_commands(sub, common, _config)
+    nodes.add_commands(sub, common)
     starting.add_parser(sub)
+    configuration.add_commands(sub)
 
     return p
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from watchdog import __version__
 from watchdog.cli import nodes_init
+from watchdog.cli.config import load_config
 from watchdog.config.load import Config
 from watchdog.config.nodes import NodeSection
 from watchdog.host.run import run
@@ -113,13 +114,17 @@ def exit_status(results: list[dict[str, Any]]) -> int:
 
 def cmd_nodes(cfg: Config, args: argparse.Namespace) -> int:
     if not cfg.nodes:
-        print("no other nodes configured ([[nodes]] in the config; `watchdog nodes init NAME HOST` adds one)")
-        return 0
+        if args.json:
+            print(json.dumps({"config": cfg.source, "nodes": [], "fine": True, "exit": EXIT_FINE}, indent=2))
+        else:
+            print(f"no other nodes configured in {cfg.source} (no [[nodes]]; `watchdog nodes init NAME HOST` adds one)")
+        return EXIT_FINE
     with ThreadPoolExecutor(max_workers=len(cfg.nodes)) as pool:
         results = list(pool.map(check_node, cfg.nodes))
     status = exit_status(results)
     if args.json:
-        print(json.dumps({"nodes": results, "fine": status == EXIT_FINE, "exit": status}, indent=2))
+        print(json.dumps({"config": cfg.source, "nodes": results, "fine": status == EXIT_FINE, "exit": status},
+                         indent=2))
         return status
     yes = {True: "yes", False: "NO"}
     for r in results:
@@ -136,10 +141,12 @@ def cmd_nodes(cfg: Config, args: argparse.Namespace) -> int:
     return status
 
 
-def add_commands(sub: Any, common: Any, config_of: Any) -> None:
+def add_commands(sub: Any, common: Any) -> None:
+    """``nodes`` needs the config file: with none, it is an error (exit 64), never "no other nodes configured"."""
     n = sub.add_parser("nodes", help="check every other node: what is still wrong, with the fix; `nodes init` sets "
                                      "one up")
     common(n, url=False, as_json=True)
     more = n.add_subparsers(dest="nodes_command")
     nodes_init.add_parser(more)
-    n.set_defaults(func=lambda a: nodes_init.cmd_init(a) if a.nodes_command == "init" else cmd_nodes(config_of(a), a))
+    n.set_defaults(func=lambda a: nodes_init.cmd_init(a) if a.nodes_command == "init" else cmd_nodes(
+        load_config(a.config, needs_file=True), a))

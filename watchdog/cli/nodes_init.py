@@ -1,7 +1,8 @@
 """``watchdog nodes init NAME HOST [--port P] [--user U] (--host-key-file F | --host-key-fingerprint SHA256:...)``:
 set up one other node from the head.
 
-Into ``<config dir>/nodes/<NAME>/`` (0700; with the default config, /etc/engine-watchdog/nodes/NAME/):
+Into ``<config dir>/nodes/<NAME>/`` (0700; with the default config, /etc/engine-watchdog/nodes/NAME/; the config
+is ``--config``, else ``$ENGINE_WATCHDOG_CONFIG``, else the default):
 ``id_ed25519`` (+ ``.pub``), the head's key for that node, ed25519 without a passphrase (the service runs
 unattended: `BatchMode`, no ssh-agent), mode 0600, made once and reused; ``known_hosts``, the node's host key in the
 ``[host]:port`` form when the port is not 22, taken only from a file the operator copied from the node or from what
@@ -22,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from watchdog.cli.config import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from watchdog.config.load import ConfigError, load
 from watchdog.config.nodes import NodeSection, check_nodes
 from watchdog.host.run import communicate, run
@@ -37,7 +39,6 @@ from watchdog.nodes.enrol import (
     pick_by_fingerprint,
 )
 
-DEFAULT_CONFIG = "/etc/engine-watchdog/config.toml"
 EXIT_USAGE, EXIT_FAILED = 64, 1
 
 
@@ -53,7 +54,8 @@ def add_parser(more: Any) -> None:
     i.add_argument("--port", type=int, default=22)
     i.add_argument("--user", default="root", help="the user whose authorized_keys holds the key (default root)")
     i.add_argument("--config", default=argparse.SUPPRESS,
-                   help=f"the head's config, created if missing, the entry appended (default {DEFAULT_CONFIG})")
+                   help=f"the head's config, created if missing, the entry appended (default ${CONFIG_ENV}, "
+                        f"else {DEFAULT_CONFIG})")
     how = i.add_mutually_exclusive_group(required=True)
     how.add_argument("--host-key-file", help="the node's public host key, copied from the node by a channel you "
                                              "trust (its /etc/ssh/ssh_host_ed25519_key.pub)")
@@ -144,7 +146,11 @@ def add_entry(config: Path, entry: str, name: str) -> str:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    config = Path(getattr(args, "config", None) or DEFAULT_CONFIG).absolute()
+    config = Path(config_path(getattr(args, "config", None)).path).absolute()
+    if config.exists() and not config.is_file():
+        print(f"watchdog nodes init: {config} is not a regular file: nothing written (--config PATH names the "
+              "head's config)", file=sys.stderr)
+        return EXIT_USAGE
     home = config.parent / "nodes" / args.name
     key = home / "id_ed25519"
     node = NodeSection(name=args.name, host=args.host, user=args.user, port=args.port, identity_file=str(key),

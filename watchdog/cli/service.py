@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.act.state import iso
-from watchdog.config.load import Config, load
+from watchdog.cli.config import load_config
+from watchdog.config.load import Config
 from watchdog.core.types import State, Verdict
 from watchdog.evidence.collect.deadline_read import read_deadlines
 from watchdog.evidence.gpu.nvml import gpu_availability
@@ -105,7 +106,7 @@ def cmd_record(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    cfg = load(args.config)
+    cfg = load_config(args.config)
     for tr in replay(read_trace(args.trace), cfg.thresholds()):
         print(json.dumps({"t": round(tr.t, 3), "engine": tr.engine,
                           "from": tr.from_state.value if tr.from_state else None,
