@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from watchdog import __version__
+from watchdog.cli.progress import Progress
 from watchdog.config.load import Config
 from watchdog.core.runbooks import Runbook, runbook_link
 from watchdog.core.types import incident_id
@@ -55,8 +56,15 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
         gpu = None  # no GPU here: nothing to add
     remote = RemoteEvidence(cfg) if cfg.nodes else None  # ssh masters and temp dirs: closed below
     inv = Investigator(cfg, http, gpu=gpu, others=remote)
+    said, c = Progress("dump"), cfg.capture
     try:
-        evidence = inv.investigate(work_pending=work_pending(http))  # the GPU is sampled meanwhile
+        said.say(f"reading the page at {cfg.engine.url}: is work pending?")
+        pending = work_pending(http)
+        said.say(f"finding the engine's processes, then py-spy: {c.rounds} rounds {c.gap:g}s apart"
+                 + (f", here and on {', '.join(n.name for n in cfg.nodes)} over ssh" if cfg.nodes else ""))
+        evidence = inv.investigate(work_pending=pending)  # the GPU is sampled meanwhile
+        said.say(f"stacks of {len(evidence.findings.processes)} processes in {evidence.seconds:.1f}s; writing the "
+                 "bundle (the page, log tail, versions)")
         out = Path(args.out) if args.out else inv.incidents_dir
         wall = time.time()
         incident = incident_id(wall, cfg.engine.name, "all", "manual", secrets.token_hex(2))

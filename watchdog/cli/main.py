@@ -24,7 +24,7 @@ from watchdog.service.trace import TraceError
 
 log = logging.getLogger(__name__)
 
-EXIT_USAGE, EXIT_SOFTWARE, EXIT_IOERR = 64, 70, 74
+EXIT_USAGE, EXIT_SOFTWARE, EXIT_IOERR, EXIT_INTERRUPTED = 64, 70, 74, 130
 
 
 def clashing_distribution() -> str | None:
@@ -123,8 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"watchdog: {e}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as e:  # e.g. a state directory that cannot be created or written
-        print(f"watchdog: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        print(f"watchdog: {e.filename}: {e.strerror or e}" if e.filename else f"watchdog: {e.strerror or e}",
+              file=sys.stderr)
         return EXIT_IOERR
+    except KeyboardInterrupt:  # Ctrl-C on a verb that takes a while (check, dump, nodes): no traceback
+        print("watchdog: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception:  # a bug, never "bad config": say so with the traceback (journal under systemd)
         log.exception("watchdog %s: unexpected error (a bug; please report it with this traceback)", __version__)
         return EXIT_SOFTWARE

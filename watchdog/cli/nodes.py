@@ -22,6 +22,7 @@ from typing import Any
 from watchdog import __version__
 from watchdog.cli import nodes_init
 from watchdog.cli.config import load_config
+from watchdog.cli.progress import Progress
 from watchdog.config.load import Config
 from watchdog.config.nodes import NodeSection
 from watchdog.host.run import run
@@ -119,8 +120,19 @@ def cmd_nodes(cfg: Config, args: argparse.Namespace) -> int:
         else:
             print(f"no other nodes configured in {cfg.source} (no [[nodes]]; `watchdog nodes init NAME HOST` adds one)")
         return EXIT_FINE
+    said = Progress("nodes")
+    said.say(f"checking {len(cfg.nodes)} node(s) over ssh: {', '.join(n.name for n in cfg.nodes)}")
+    done: list[str] = []
+
+    def check(node: NodeSection) -> dict[str, Any]:
+        r = check_node(node)
+        done.append(node.name)  # list.append: one at a time under the GIL
+        state = "fine" if r["fine"] else f"{len(r['problems'])} problem(s)"
+        said.say(f"{node.name}: {state} ({len(done)} of {len(cfg.nodes)} checked)")
+        return r
+
     with ThreadPoolExecutor(max_workers=len(cfg.nodes)) as pool:
-        results = list(pool.map(check_node, cfg.nodes))
+        results = list(pool.map(check, cfg.nodes))
     status = exit_status(results)
     if args.json:
         print(json.dumps({"config": cfg.source, "nodes": results, "fine": status == EXIT_FINE, "exit": status},

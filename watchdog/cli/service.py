@@ -12,6 +12,7 @@ from typing import Any
 
 from watchdog.act.state import iso
 from watchdog.cli.config import load_config
+from watchdog.cli.progress import Progress
 from watchdog.config.load import Config
 from watchdog.core.types import State, Verdict
 from watchdog.evidence.collect.deadline_read import read_deadlines
@@ -41,6 +42,9 @@ def cmd_check(cfg: Config, args: argparse.Namespace) -> int:
     started = watcher.clock()
     deadline = started + args.seconds
     progress_seen: set[str] = set()
+    said = Progress("check")
+    said.say(f"watching {cfg.engine.url} for up to {args.seconds:g}s, until every verdict settles")
+    shown, shown_at = "", started
     while True:
         t0 = watcher.clock()
         watcher.tick()
@@ -49,6 +53,11 @@ def cmd_check(cfg: Config, args: argparse.Namespace) -> int:
         settled = all(v.state in _SETTLED or (v.state == State.WORKING and v.engine in progress_seen)
                       for v in verdicts)
         probing = watcher.prober is not None and watcher.prober.in_flight
+        now_seen = ", ".join(f"engine {v.engine} {v.state.value}" for v in verdicts) or "no engine seen yet"
+        now_seen += "; a probe generation is out" if probing else ""
+        if now_seen != shown or watcher.clock() - shown_at >= 5.0:  # what changed, else a line every 5 s
+            said.say(now_seen if now_seen != shown else f"still watching: {now_seen}")
+            shown, shown_at = now_seen, watcher.clock()
         if watcher.clock() >= deadline or (verdicts and settled and not probing):
             break
         time.sleep(max(0.0, min(cfg.scrape.interval - (watcher.clock() - t0), deadline - watcher.clock())))

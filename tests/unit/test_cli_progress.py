@@ -1,0 +1,152 @@
+"""Progress of `check`, `dump` and `nodes` on stderr when it is a terminal (a real pty), nothing extra when piped;
+Ctrl-C on a terminal ends a verb with one line, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from tests.fakes import FAST, EngineModel, fake_engine
+
+
+class OnTerminal:
+    """A real `watchdog` process whose stderr is the slave side of a pty (stdout a pipe, as `| jq` would be)."""
+
+    def __init__(self, *args: str) -> None:
+        master, slave = pty.openpty()
+        self.proc = subprocess.Popen([sys.executable, "-m", "watchdog", *args], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=slave, text=True, start_new_session=True)
+        os.close(slave)
+        self.master, self.chunks, self.seen = master, [], threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 4096)
+            except OSError:  # EIO: every slave side closed, the process ended
+                break
+            if not data:
+                break
+            self.chunks.append(data)
+            self.seen.set()
+
+    @property
+    def stderr(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace").replace("\r\n", "\n")
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        waited = 0.0
+        while text not in self.stderr:
+            assert self.proc.poll() is None, f"ended before {text!r}: {self.stderr}"
+            assert waited < timeout, f"no {text!r} on the terminal: {self.stderr}"
+            self.seen.wait(0.2)
+            self.seen.clear()
+            waited += 0.2
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            self.reader.join(10)
+            os.close(self.master)
+        return self.proc.returncode, out, self.stderr
+
+
+def piped(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "watchdog", *args], capture_output=True, text=True, timeout=120,
+                          start_new_session=True, check=False)
+
+
+def progress_lines(stderr: str, verb: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"watchdog {verb}: ")]
+
+
+def fast(tmp_path: Path, extra: str = "") -> str:
+    path = tmp_path / "fast.toml"
+    path.write_text(FAST + extra)
+    return str(path)
+
+
+def test_check_says_what_it_watches_on_a_terminal_and_nothing_when_piped(tmp_path: Path) -> None:
+    with fake_engine(EngineModel(gen=10, prompt=10)) as (url, _):
+        args = ("check", "--url", url, "--config", fast(tmp_path), "--json")
+        rc, out, err = OnTerminal(*args).finish()
+        plain = piped(*args)
+    lines = progress_lines(err, "check")
+    assert rc == 0 and json.loads(out)["engines"][0]["state"] == "idle", err
+    assert re.match(rf"watchdog check: \d+\.\ds: watching {url} for up to 10s", lines[0]), lines
+    assert any("engine 0 " in line for line in lines[1:]), lines
+    assert any("a probe generation is out" in line for line in lines), lines  # idle is proven by a generation
+    assert plain.returncode == 0 and json.loads(plain.stdout)["engines"][0]["state"] == "idle"
+    assert not progress_lines(plain.stderr, "check") and "watching" not in plain.stderr, plain.stderr
+
+
+def _closed_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_dump_says_each_stage_on_a_terminal_and_nothing_when_piped(tmp_path: Path) -> None:
+    config = fast(tmp_path, "[gpu]\nenabled = false\n")
+    args = ("dump", "--url", _closed_url(), "--config", config, "--out", str(tmp_path / "out"), "--json")
+    rc, out, err = OnTerminal(*args).finish()
+    lines = progress_lines(err, "dump")
+    said = "\n".join(lines)
+    assert rc == 2 and json.loads(out)["bundle"], err  # nothing found to take stacks of: exit 2, a bundle still
+    for stage in ("reading the page at http://127.0.0.1:", "finding the engine's processes, then py-spy: 2 rounds",
+                  "stacks of 0 processes in ", "writing the bundle"):
+        assert stage in said, said
+    plain = piped(*args)
+    assert plain.returncode == 2 and json.loads(plain.stdout)["bundle"]
+    assert not progress_lines(plain.stderr, "dump"), plain.stderr
+
+
+NODES = """
+[[nodes]]
+name = "worker{n}"
+host = "127.0.0.1"
+port = {port}
+identity_file = "{home}/no-such-key"
+known_hosts_file = "{home}/known_hosts"
+"""
+
+
+def test_nodes_says_each_node_as_it_is_checked_on_a_terminal_and_nothing_when_piped(tmp_path: Path) -> None:
+    port = _closed_url().rsplit(":", 1)[1]
+    config = tmp_path / "head.toml"
+    config.write_text("".join(NODES.format(n=n, port=port, home=tmp_path) for n in (1, 2)))
+    rc, out, err = OnTerminal("nodes", "--config", str(config)).finish()
+    lines = progress_lines(err, "nodes")
+    assert rc == 1 and "worker1" in out and "worker2" in out, err
+    assert "checking 2 node(s) over ssh: worker1, worker2" in lines[0]
+    assert sorted(line.split(": ", 2)[2].split(":")[0] for line in lines[1:]) == ["worker1", "worker2"]
+    assert [line.rsplit("(", 1)[1] for line in lines[1:]] == ["1 of 2 checked)", "2 of 2 checked)"]
+    plain = piped("nodes", "--config", str(config), "--json")
+    assert plain.returncode == 1 and len(json.loads(plain.stdout)["nodes"]) == 2
+    assert not progress_lines(plain.stderr, "nodes"), plain.stderr
+
+
+def test_ctrl_c_on_a_terminal_is_one_line_and_exit_130_never_a_traceback(tmp_path: Path) -> None:
+    with fake_engine(EngineModel(running=4, gen=100)) as (url, _):  # busy, nothing moves: check watches on
+        term = OnTerminal("check", "--url", url, "--seconds", "60")
+        try:
+            term.wait_for("engine 0 ")
+        finally:
+            os.killpg(term.proc.pid, signal.SIGINT)  # what the terminal's ^C sends: the foreground group
+            rc, out, err = term.finish()
+    assert rc == 130 and err.endswith("watchdog: interrupted\n"), err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and out == ""
