@@ -180,11 +180,16 @@ def cmd_show(cfg: Config, args: argparse.Namespace) -> int:
         return EXIT_INCOMPLETE
     if why:
         print(f"watchdog: {bundle.name}: {why}", file=sys.stderr)
+    code = EXIT_INCOMPLETE if why else EXIT_COMPLETE
+    if getattr(args, "json", False):
+        print(json.dumps({"id": bundle.name.removeprefix(PARTIAL), "bundle": str(bundle), "complete": not why,
+                          "manifest": m, "summary": summary}, indent=2))
+        return code
     if isinstance(m, dict) and not m.get("headline"):  # written before bundles had headlines: the reason, plainly
         print(f"**{m.get('decision_reason') or m.get('reason') or 'no reason recorded'}**\n\n"
               f"Runbook: {runbook_link(Runbook.FROZEN, cfg.alerts.runbook_base)}\n")
     print(summary, end="")
-    return EXIT_INCOMPLETE if why else EXIT_COMPLETE
+    return code
 
 
 def cmd_report(cfg: Config, args: argparse.Namespace) -> int:

@@ -87,9 +87,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sh = sub.add_parser("show", help="print one incident's summary (--upstream: a bug report for vLLM's tracker)")
     sh.add_argument("id", help="incident id (or its start), or a bundle directory")
-    sh.add_argument("--upstream", action="store_true",
-                    help="Markdown for the engine's issue tracker: versions, topology, verdict, culprit, deciding "
-                         "stacks, timeline; no secrets, locals, prompts, logs (docs/upstream-report.md)")
+    form = sh.add_mutually_exclusive_group()
+    form.add_argument("--upstream", action="store_true",
+                      help="Markdown for the engine's issue tracker: versions, topology, verdict, culprit, deciding "
+                           "stacks, timeline; no secrets, locals, prompts, logs (docs/upstream-report.md)")
+    form.add_argument("--json", action="store_true", help="machine-readable: the manifest and the summary's text")
     sh.add_argument("--keep-addresses", action="store_true",
                     help="with --upstream: keep IP addresses and host names (replaced with <host> by default)")
     common(sh, url=False, state_dir=True)
