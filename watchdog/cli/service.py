@@ -123,10 +123,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """``--seconds``: a number of seconds above 0 (nan and inf would watch for ever)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text[:40]!r}") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be above 0 and finite, got {text[:40]!r}")
+    return seconds
+
+
 def add_commands(sub: Any, common: Callable[..., None], config_of: Callable[[argparse.Namespace], Config]) -> None:
     c = sub.add_parser("check", help="watch for a few seconds and print one verdict per engine")
     common(c, as_json=True)
-    c.add_argument("--seconds", type=float, default=10.0, help="longest time to watch (default 10)")
+    c.add_argument("--seconds", type=_seconds, default=10.0, help="longest time to watch (default 10)")
     c.set_defaults(func=lambda a: cmd_check(config_of(a), a))
 
     r = sub.add_parser("run", help="watch continuously (the service)")
@@ -138,7 +149,7 @@ def add_commands(sub: Any, common: Callable[..., None], config_of: Callable[[arg
 
     rec = sub.add_parser("record", help="record what the judgement sees, for replay")
     common(rec)
-    rec.add_argument("--seconds", type=float, required=True)
+    rec.add_argument("--seconds", type=_seconds, required=True)
     rec.add_argument("--out", required=True, help="trace file to write (JSON lines)")
     rec.set_defaults(func=lambda a: cmd_record(config_of(a), a))
 

@@ -252,27 +252,33 @@ def _typed(hint: Any, value: Any, where: str) -> Any:
         hint = next(h for h in typing.get_args(hint) if h is not type(None))
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {type_name(value)} {value!r}")
+            raise ConfigError(f"{where}: expected true or false, got {type_name(value)} {shown(value)}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected a whole number, got {type_name(value)} {value!r}")
+            raise ConfigError(f"{where}: expected a whole number, got {type_name(value)} {shown(value)}")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {type_name(value)} {value!r}")
+            raise ConfigError(f"{where}: expected a number, got {type_name(value)} {shown(value)}")
         if not math.isfinite(value):
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if typing.get_origin(hint) is tuple:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: expected a list of strings, got {type_name(value)} {value!r}")
+            raise ConfigError(f"{where}: expected a list of strings, got {type_name(value)} {shown(value)}")
         return tuple(value)
     if hint is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {type_name(value)} {value!r}")
+            raise ConfigError(f"{where}: expected a string, got {type_name(value)} {shown(value)}")
         return value
     raise ConfigError(f"{where}: unsupported setting type {hint!r}")  # pragma: no cover - a bug in this module
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A wrong value as an error names it: its repr, cut to ``limit`` characters (a pasted page stays one line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def type_name(value: Any) -> str:
@@ -290,8 +296,9 @@ def _validate(cfg: Config) -> None:
 
     try:
         base_url(cfg.engine.url)
-    except ValueError as e:
-        raise ConfigError(f"{src}: engine.url: {e}") from None
+    except ValueError as e:  # its words, the URL in them cut short (a pasted URL with a long query)
+        raise ConfigError(f"{src}: engine.url: {str(e).replace(repr(cfg.engine.url), shown(cfg.engine.url))}") \
+            from None
     for key in ("interval", "connect_timeout", "read_timeout", "deadline"):
         positive(f"scrape.{key}", getattr(cfg.scrape, key))
     positive("scrape.max_bytes", cfg.scrape.max_bytes)
