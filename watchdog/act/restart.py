@@ -12,8 +12,10 @@ records; a check that fails is reported there and never fails the restart.
 
 A step's timeout covers all its commands: each gets the time left in the step when it starts. ``Restarter.run``
 stops at the first failed command, a failed stop included: starting over a half-stopped stack is worse than
-leaving it to a human. The cancel event is checked between commands, never mid-command. A command on this host runs
-through `watchdog.host.run` (``LocalRunner``: its own session, its whole process group ended on timeout).
+leaving it to a human. One exception: before a transient unit's start (``transient_unit``), systemctl's "not
+loaded" (exit 5) from its stop means nothing runs as it (the record's ``note`` says so), and the start goes on.
+The cancel event is checked between commands, never mid-command. A command on this host runs through
+`watchdog.host.run` (``LocalRunner``: its own session, its whole process group ended on timeout).
 
 A failed command's error ends with what it printed last (docker's own stderr: "Error response from daemon: No such
 container: vllm", "Cannot connect to the Docker daemon at ..."), in the step record and so in ``restart_failed``.
@@ -37,6 +39,7 @@ from watchdog.config.act import RestartSection
 from watchdog.config.nodes import NodeSection
 from watchdog.config.restart_plan import (
     SHM_SKIPPED,
+    SYSTEMCTL_NOT_LOADED,
     PlannedCommand,
     argv_for,
     docker_kills_argv,
@@ -172,18 +175,24 @@ class Restarter:
             else:
                 result = RunResult(command.argv, None, 0.0, True,
                                    error=f"not run: the step's {secs(command.timeout)}s were used up")
-            if not result.ok and (said := output_said(result.output)):  # the command's own reason (docker's stderr)
+            # a transient unit systemd does not know: nothing runs as it, so there is nothing to stop
+            not_loaded = command.not_loaded_ok and result.rc == SYSTEMCTL_NOT_LOADED and not result.timed_out
+            ok = result.ok or not_loaded
+            if not ok and (said := output_said(result.output)):  # the command's own reason (docker's stderr)
                 result = replace(result, error=f"{result.error}: {said}")
             results.append(result)
             record = {"what": command.description, "node": command.node, "argv": shlex.join(result.argv)[:300],
-                      "ok": result.ok, "rc": result.rc, "seconds": round(result.duration, 2), "error": result.error}
+                      "ok": ok, "rc": result.rc, "seconds": round(result.duration, 2),
+                      "error": "" if not_loaded else result.error}
+            if not_loaded:
+                record["note"] = "not loaded: nothing ran as it"
             if result.ok and (killed := self._killed(command, result, began)):
                 record["killed"] = killed
             records.append(record)
-            log.log(logging.WARNING if record.get("killed") or not result.ok else logging.INFO,
+            log.log(logging.WARNING if record.get("killed") or not ok else logging.INFO,
                     "restart: %s: %s (rc %s, %.1fs)", command.description,
-                    record.get("killed") or result.error or "ok", result.rc, result.duration)
-            if not result.ok:
+                    record.get("killed") or record.get("note") or record["error"] or "ok", result.rc, result.duration)
+            if not ok:
                 return outcome(False, command.description)
         if self.check_at == len(self.commands):
             shm = self._check_shm(records)

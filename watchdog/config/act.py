@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # a command step's action says what it does (for the pre-start hooks and the /dev/shm check); "run": not said
 STEP_KINDS = {"systemd": ("restart", "stop", "start"), "docker": ("restart", "stop", "start"),
               "command": ("run", "stop", "start", "restart")}
 NODES = ("local",)  # where a step runs: "local", or a node named in [[nodes]] (check_restart is given the names)
+WATCHDOG_UNIT = "engine-watchdog.service"
+# a transient service's name as systemd-run takes it (no template instances), and one --property= setting
+TRANSIENT_UNIT = re.compile(r"[A-Za-z0-9:_.\\-]{1,248}\.service")
+UNIT_PROPERTY = re.compile(r"[A-Z][A-Za-z0-9]*=[^\n\x00]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,9 +27,14 @@ class StepSection:
     argv: tuple[str, ...] = ()  # command: the program and its arguments, never a shell string
     timeout: float = 300.0  # for the whole step
     node: str = "local"
+    # command: run argv as this transient service (systemd-run), outside the watchdog's unit, cgroup and sandbox
+    transient_unit: str = ""
+    unit_properties: tuple[str, ...] = ()  # with transient_unit: systemd-run --property= settings (User=vllm, ...)
 
     @property
     def verb(self) -> str:
+        if not self.action and self.transient_unit:
+            return "restart"  # stop what still runs as that unit, then start argv as it
         return self.action or STEP_KINDS.get(self.kind, ("run",))[0]
 
 
@@ -103,6 +113,27 @@ def check_restart(r: RestartSection, nodes: tuple[str, ...] = NODES) -> None:
         if step.node not in nodes:
             raise ValueError(f"{where}.node: unknown node {step.node!r} (known: {', '.join(nodes)}; name other "
                              "nodes in [[nodes]])")
+        check_transient(step, where)
+
+
+def check_transient(step: StepSection, where: str) -> None:
+    """``transient_unit`` and ``unit_properties`` of one step; raises ValueError naming the key."""
+    if not step.transient_unit:
+        if step.unit_properties:
+            raise ValueError(f"{where}.unit_properties: only with transient_unit (they set up that unit)")
+        return
+    if step.kind != "command":
+        raise ValueError(f"{where}.transient_unit: only a command step runs its argv as a transient unit")
+    if not TRANSIENT_UNIT.fullmatch(step.transient_unit) or step.transient_unit == WATCHDOG_UNIT:
+        raise ValueError(f"{where}.transient_unit: {step.transient_unit!r} is not a service name of its own "
+                         "(letters, digits, ':_.-\\', ending in .service; not the watchdog's)")
+    if step.verb not in ("start", "restart"):
+        raise ValueError(f"{where}.action: a step with transient_unit starts its argv as that unit: start or "
+                         f"restart, not {step.action!r} (stop it with a systemd step: units = "
+                         f"[{step.transient_unit!r}])")
+    for i, prop in enumerate(step.unit_properties):
+        if not UNIT_PROPERTY.fullmatch(prop):
+            raise ValueError(f"{where}.unit_properties[{i}]: {prop!r} is not one Name=value setting")
 
 
 def check_alerts(a: AlertsSection) -> None:

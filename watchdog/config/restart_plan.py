@@ -7,7 +7,14 @@
   (systemctl given several units acts on them in parallel);
 * docker: ``docker <verb> [--time N] <container>``, one at a time; stop and restart get ``--time`` a margin
   below the time left in the step, so docker escalates to SIGKILL before our own timeout fires;
-* command: its argv as written.
+* command: its argv as written; with ``transient_unit`` (an engine it starts outlives the watchdog), first
+  ``systemctl --no-ask-password stop -- <unit>`` unless ``action = "start"`` (a unit not loaded: nothing runs as
+  it, done), then ``systemd-run --no-ask-password --unit=<unit> --collect --service-type=exec
+  --property=TimeoutStopSec=N [--property=...] -- <argv>``: systemd itself starts argv as that service, in its
+  own cgroup and without the watchdog's sandbox. It returns once argv is executed (``exec``: a missing program
+  fails the step), not when it ends: an engine runs until stopped, and the watchdog proves it serves as after any
+  start. ``TimeoutStopSec`` is `docker_stop_time` of the step's timeout, so the next restart's stop escalates to
+  SIGKILL inside its step. ``--collect``: a unit that failed is forgotten, so its name can be started again.
 
 Pre-start hooks, one per node, each with its own timeout: ``restart.pre_start`` is the head's ("local") hook and
 each ``[[nodes]]`` entry's ``pre_start`` is that node's, run ON that node (through its agent's ``run`` verb: the
@@ -17,7 +24,8 @@ starting step that runs on that node: its first step whose action is start or re
 (``action = "run"``, the default: what it does cannot be known). A node with no such step of its own gets its hook
 right before the first starting step overall (same rule over every step). With no starting step at all (stop
 steps only) no hook runs. Hooks that fall before the same step run local first, then the nodes in config order.
-With no ``[[nodes]]`` this is the single-host rule as it always was.
+With no ``[[nodes]]`` this is the single-host rule as it always was. A transient unit's restart step stops before
+it starts: its hooks run between the two.
 """
 
 from __future__ import annotations
@@ -45,6 +53,10 @@ class PlannedCommand:
     argv: tuple[str, ...]
     timeout: float  # the most it can get: its step's whole timeout (at run time, what is left of it)
     starts: bool = False  # a starting command (start/restart, a command step, a hook): the /dev/shm check is before
+    not_loaded_ok: bool = False  # systemctl stop of a transient unit: "not loaded" (exit 5) means nothing to stop
+
+
+SYSTEMCTL_NOT_LOADED = 5  # systemctl's exit status for a unit systemd does not know (LSB: not installed)
 
 
 def docker_stop_time(timeout: float) -> int:
@@ -66,8 +78,9 @@ def plan(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[Pla
             hooks.setdefault(at, []).append(PlannedCommand(None, "pre-start", what, name, tuple(argv), timeout, True))
     commands: list[PlannedCommand] = []
     for index, step in enumerate(section.steps):
-        commands.extend(hooks.get(index, ()))
-        commands.extend(_step_commands(index, step))
+        mine = _step_commands(index, step)
+        at = next((i for i, c in enumerate(mine) if c.starts), 0)  # a transient restart's hook: after its stop
+        commands.extend([*mine[:at], *hooks.get(index, ()), *mine[at:]])
     return commands
 
 
@@ -103,10 +116,26 @@ def _step_commands(index: int, step: StepSection) -> list[PlannedCommand]:
         stop_time = ("--time", str(docker_stop_time(timeout))) if verb in ("stop", "restart") else ()
         return [PlannedCommand(index, "docker", f"docker {verb} {name}", node, ("docker", verb, *stop_time, name),
                                timeout, starts) for name in step.containers]
+    if step.kind == "command" and step.transient_unit:
+        return _transient_commands(index, step)
     if step.kind == "command":
         return [PlannedCommand(index, "command", f"command {step.argv[0]}", node, step.argv, timeout, starts)] \
             if step.argv else []
     raise ValueError(f"restart.steps[{index}]: unknown kind {step.kind!r}")
+
+
+def _transient_commands(index: int, step: StepSection) -> list[PlannedCommand]:
+    """A command step run as its own transient service (see the module docstring)."""
+    unit, node, timeout = step.transient_unit, step.node, step.timeout
+    if not step.argv:
+        return []
+    stop = PlannedCommand(index, "command", f"command stop {unit} (its transient unit)", node,
+                          ("systemctl", "--no-ask-password", "stop", "--", unit), timeout, False, True)
+    start = PlannedCommand(index, "command", f"command {step.argv[0]} as {unit}", node,
+                           ("systemd-run", "--no-ask-password", f"--unit={unit}", "--collect", "--service-type=exec",
+                            f"--property=TimeoutStopSec={docker_stop_time(timeout)}",
+                            *(f"--property={p}" for p in step.unit_properties), "--", *step.argv), timeout, True)
+    return [start] if step.verb == "start" else [stop, start]
 
 
 def argv_for(command: PlannedCommand, time_left: float) -> tuple[str, ...]:
