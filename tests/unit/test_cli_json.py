@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import FAST, EngineModel, fake_engine
+from tests.unit.test_cli_progress import NO_ENGINE
 from watchdog.cli.main import _parser
 
 BUNDLE = Path(__file__).resolve().parents[1] / "data" / "hangs" / "diverged-0.25.1"
@@ -66,8 +67,9 @@ def test_dump(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    (tmp_path / "fast.toml").write_text(FAST + "[gpu]\nenabled = false\n")
-    rc, out = as_json("dump", "--url", url, "--config", str(tmp_path / "fast.toml"), "--out", str(tmp_path / "out"))
+    (tmp_path / "no-engine.toml").write_text(NO_ENGINE)  # never another engine's processes on this host
+    rc, out = as_json("dump", "--url", url, "--config", str(tmp_path / "no-engine.toml"), "--out",
+                      str(tmp_path / "out"))
     assert rc == 2 and out["complete"] is False and Path(out["bundle"]).parent == tmp_path / "out"
 
 

@@ -100,9 +100,21 @@ def _closed_url() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
+# `dump` with nothing behind its port looks for engine titles anywhere on the host: these match none of them (a
+# real vLLM of someone else's may run here, and its processes are never this test's to py-spy)
+NO_ENGINE = """
+[capture]
+process_prefix = "NO-SUCH-ENGINE::"
+title_filter = "no-such-engine-here"
+[gpu]
+enabled = false
+"""
+
+
 def test_dump_says_each_stage_on_a_terminal_and_nothing_when_piped(tmp_path: Path) -> None:
-    config = fast(tmp_path, "[gpu]\nenabled = false\n")
-    args = ("dump", "--url", _closed_url(), "--config", config, "--out", str(tmp_path / "out"), "--json")
+    config = tmp_path / "no-engine.toml"
+    config.write_text(NO_ENGINE)
+    args = ("dump", "--url", _closed_url(), "--config", str(config), "--out", str(tmp_path / "out"), "--json")
     rc, out, err = OnTerminal(*args).finish()
     lines = progress_lines(err, "dump")
     said = "\n".join(lines)
