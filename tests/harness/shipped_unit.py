@@ -76,9 +76,10 @@ def service_settings(text: str) -> list[tuple[str, str]]:
 
 def shipped_systemd(name: str, log_dir: Path, config_toml: str, *, drop_ins: dict[str, str] | None = None,
                     units: dict[str, str] | None = None, files: dict[str, str] | None = None,
-                    pre_check: bool = True) -> ThrowawaySystemd:
+                    pre_check: bool = True, binds: dict[str, str] | None = None) -> ThrowawaySystemd:
     """A throwaway systemd with the shipped unit (and ``units`` beside it), its config, and ``drop_ins`` (file name
-    -> text) for it. ``pre_check=False``, or no `watchdog config check` here: its ExecStartPre= emptied."""
+    -> text) for it. ``pre_check=False``, or no `watchdog config check` here: its ExecStartPre= emptied. ``binds``:
+    more directories shown inside (source -> where, under /run)."""
     reason = available()
     if reason is not None:
         raise AssertionError(f"a throwaway systemd cannot run on this machine: {reason}")
@@ -91,7 +92,8 @@ def shipped_systemd(name: str, log_dir: Path, config_toml: str, *, drop_ins: dic
         wanted=[UNIT, *(u for u in (units or {}) if "@." not in u)],
         files={CONFIG: config_toml, **{f"{DROP_INS}/{k}": v for k, v in all_drop_ins.items()},
                **({LAUNCHER: LAUNCH_PY} if HIDDEN else {}), **(files or {})},
-        binds={str(CHECKOUT): f"{ALIAS}/src", str(SITE): f"{ALIAS}/site-packages"} if HIDDEN else None,
+        binds={**({str(CHECKOUT): f"{ALIAS}/src", str(SITE): f"{ALIAS}/site-packages"} if HIDDEN else {}),
+               **(binds or {})} or None,
         private_dirs=["/var/lib"],  # StateDirectory= creates /var/lib/engine-watchdog: inside, never on the machine
         log_dir=log_dir,
     )
