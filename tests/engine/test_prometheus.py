@@ -1,6 +1,12 @@
 """The shipped rules and dashboard against real parts: a real Prometheus scrapes the real `watchdog run` exporter
-while a real vLLM (the shared one, CPU, TP=2) has a worker stopped under load; the frozen alert goes through a real
-Alertmanager to a webhook receiver on loopback, and every query of the dashboard answers with series.
+while a real vLLM (the shared one, CPU, TP=2) has a worker stopped under load; the frozen incident's alert goes through
+a real Alertmanager (the shipped example: pages for critical, chat for warning) to a webhook receiver on loopback, and
+every query of the dashboard answers with series.
+
+The daemon's own Alertmanager sink is configured to an address where nothing listens: it gives up, says so
+(watchdog_alert_sink_delivering 0), and the rules stand in for it with the very labels it would have sent (its
+Alertmanager identity): one page, resolved when the engine works again. Both paths at once, and the escalation from a
+warning: tests/unit/test_alertmanager_one_page.py.
 
 The Prometheus and Alertmanager configurations are the shipped examples; the rules are the shipped file with only
 the `for:` durations shortened (1/20) and RUNBOOK_BASE set as an operator would."""
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +39,8 @@ from tests.harness.prometheus import (
 from tests.harness.server import VllmServer, free_port
 from tests.harness.watcher import WatchdogProcess, quick_config
 from tests.receiver import Receiver
+from watchdog.act.alerts import Alert, AlertmanagerSink
+from watchdog.config.load import Config
 from watchdog.core.runbooks import Runbook, runbook_link
 
 pytestmark = pytest.mark.engine
@@ -67,26 +76,31 @@ def substitute(expr: str, variables: dict[str, str]) -> str:
     return expr
 
 
-def alertmanager_posts(sink: Receiver) -> list[dict[str, Any]]:
-    return [b for b in sink.bodies() if isinstance(b, dict) and "alerts" in b]
+def pages(sink: Receiver, status: str) -> list[dict[str, Any]]:
+    """The alerts of each notification Alertmanager sent to the pager with this status."""
+    return [a for p, _h, raw in sink.received if p == "/page" for a in [json.loads(raw)] if a["status"] == status]
 
 
-def posted(sink: Receiver, alertname: str, status: str) -> list[dict[str, Any]]:
-    return [a for b in alertmanager_posts(sink) for a in b["alerts"]
-            if a["labels"].get("alertname") == alertname and a["status"] == status]
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
-def test_frozen_engine_fires_through_alertmanager_and_every_dashboard_query_answers(
+def test_frozen_engine_pages_once_through_alertmanager_and_every_dashboard_query_answers(
         shared_vllm: VllmServer, receiver: Callable[..., Receiver], tmp_path: Path) -> None:
     server = shared_vllm
     fors = copy_rules(RULES, tmp_path / "rules.yml", for_scale=1 / 20, runbook_base=BASE)
     port = free_port()
-    w = WatchdogProcess(server.url, tmp_path / "watchdog", quick_config(3.0, 12.0, 5.0, "[capture]\ngap = 1.0\n"),
-                        metrics_port=port)
+    gone = closed_port_url()  # the daemon's own Alertmanager sink: nothing there, it gives up at once
+    extra = (f'[capture]\ngap = 1.0\n[alerts]\nattempts = 1\n[[alerts.sinks]]\nkind = "alertmanager"\n'
+             f'name = "am"\nurl = "{gone}"\n')
+    w = WatchdogProcess(server.url, tmp_path / "watchdog", quick_config(3.0, 12.0, 5.0, extra), metrics_port=port)
     sink = receiver()
-    am = Alertmanager(tmp_path / "alertmanager", alertmanager_config(f"{sink.url}/alerts", group_wait="1s"))
+    am = Alertmanager(tmp_path / "alertmanager", alertmanager_config(f"{sink.url}/page", f"{sink.url}/chat"))
     prom = Prometheus(tmp_path / "prometheus",
                       prometheus_config(tmp_path / "rules.yml", f"127.0.0.1:{port}", am.address, interval="1s"))
+    name = "EngineWatchdogEngineFrozen"
     try:
         w.start()
         am.start()
@@ -102,18 +116,17 @@ def test_frozen_engine_fires_through_alertmanager_and_every_dashboard_query_answ
             with frozen(server.process("VLLM::Worker_TP1")):
                 stopped = time.time()
                 w.wait_for_state("frozen", 60, after=stopped)
-                # the frozen alert: Prometheus -> Alertmanager -> the receiver (deadlines, not measures)
-                wait_for("WatchdogEngineFrozen firing in Prometheus", lambda: prom.firing("WatchdogEngineFrozen"),
-                         30 + fors["WatchdogEngineFrozen"])
-                got = wait_for("WatchdogEngineFrozen at the webhook",
-                               lambda: posted(sink, "WatchdogEngineFrozen", "firing"), 30)
+                opened = w.wait_event("incident_opened", 30)
+                wait_for("the daemon's sink given up on", lambda: prom.query(
+                    'watchdog_alert_sink_delivering{sink="am", kind="alertmanager"} == 0'), 60)
+                wait_for(f"{name} firing in Prometheus", lambda: prom.firing(name), 30 + fors[name])
+                got = wait_for(f"{name} paged", lambda: pages(sink, "firing"), 30)
                 firing = sorted(a["labels"]["alertname"] for a in prom.firing())
                 results = run_dashboard(prom)
                 exported = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        # continued: the engine works again, and the alert resolves at the receiver
+        # continued: the engine works again, the incident resolves, and so does the page
         w.wait_for_state("working", 60, after=stopped)
-        wait_for("the resolved WatchdogEngineFrozen at the webhook",
-                 lambda: posted(sink, "WatchdogEngineFrozen", "resolved"), 60)
+        wait_for(f"the resolved {name} paged", lambda: pages(sink, "resolved"), 60)
     except BaseException:
         print(f"--- prometheus ---\n{prom.log_tail()}\n--- alertmanager ---\n{am.log_tail()}\n"
               f"--- watchdog ---\n{w.log_tail()}")
@@ -123,14 +136,20 @@ def test_frozen_engine_fires_through_alertmanager_and_every_dashboard_query_answ
         am.stop()
         w.stop()
 
-    alert = got[0]
-    assert alert["labels"] == {"alertname": "WatchdogEngineFrozen", "engine": "0", "instance": f"127.0.0.1:{port}",
-                               "job": "engine-watchdog", "severity": "critical", "state": "frozen"}, alert
+    [page] = got
+    [alert] = page["alerts"]
+    # the labels the daemon's own sink would have sent for this incident: Alertmanager's identity of the alert
+    theirs = AlertmanagerSink("http://unused", host=socket.gethostname())
+    [would] = json.loads(theirs.body(Alert("stall_detected", opened["incident"], "0", Config().engine.name,
+                                           server.url, "frozen", "-", {"kind": "frozen"})))
+    assert alert["labels"] == would["labels"], (alert["labels"], would["labels"])
+    assert alert["labels"]["severity"] == "critical"  # nothing restarts it here: a human is needed
     assert alert["annotations"]["runbook_url"] == runbook_link(Runbook.FROZEN, BASE)
-    assert "engine 0" in alert["annotations"]["summary"] and "frozen" in alert["annotations"]["summary"]
-    body = next(b for b in alertmanager_posts(sink) if alert in b["alerts"])
-    assert body["version"] == "4" and body["receiver"] == "engine-oncall"
-    assert firing == ["WatchdogEngineFrozen"], firing  # nothing else fired, on the way in or while frozen
+    assert opened["incident"] in alert["annotations"]["description"]
+    assert page["version"] == "4" and page["receiver"] == "engine-pager"
+    assert firing == [name], firing  # nothing else fired, on the way in or while frozen
+    assert len(pages(sink, "firing")) == 1, pages(sink, "firing")
+    assert not [p for p, _h, _b in sink.received if p == "/chat"]
 
     empty = sorted(q for q, series in results.items() if not series)
     gpu_only = [q for q in empty if "watchdog_gpu_" in q]

@@ -5,9 +5,9 @@ own group in `stop()`. The configurations are the project's shipped examples (de
 test must: targets, intervals, the rule file's `for:` durations, the webhook's address.
 
     rules = copy_rules(RULES, tmp / "rules.yml", for_scale=1 / 20, runbook_base="https://runbooks.test/x")
-    am = Alertmanager(tmp / "am", alertmanager_config(webhook_url, group_wait="1s")).start()
+    am = Alertmanager(tmp / "am", alertmanager_config(f"{sink.url}/page", f"{sink.url}/chat", group_wait="1s")).start()
     prom = Prometheus(tmp / "prom", prometheus_config(rules, "127.0.0.1:9830", am.address, interval="1s")).start()
-    prom.wait_for(lambda: prom.firing("WatchdogEngineFrozen"), 60, "the frozen alert")
+    prom.wait_for(lambda: prom.firing("EngineWatchdogEngineFrozen"), 60, "the frozen alert")
     ...
     prom.stop(); am.stop()
 """
@@ -81,12 +81,14 @@ def prometheus_config(rules: Path, watchdog_target: str, alertmanager: str, inte
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
-def alertmanager_config(webhook_url: str, group_wait: str = "1s", group_interval: str = "1s") -> str:
-    """deploy/alertmanager/alertmanager.example.yml sending to ``webhook_url``, with short waits."""
+def alertmanager_config(page_url: str, chat_url: str, group_wait: str = "1s", group_interval: str = "1s") -> str:
+    """deploy/alertmanager/alertmanager.example.yml paging ``page_url`` and chatting to ``chat_url``, short waits."""
     cfg = yaml.safe_load(ALERTMANAGER_EXAMPLE.read_text())
     cfg["route"].update({"group_wait": group_wait, "group_interval": group_interval})
-    (receiver,) = cfg["receivers"]
-    receiver["webhook_configs"][0]["url"] = webhook_url
+    urls = {"engine-pager": page_url, "engine-chat": chat_url}
+    assert {r["name"] for r in cfg["receivers"]} == set(urls), cfg["receivers"]
+    for receiver in cfg["receivers"]:
+        receiver["webhook_configs"][0]["url"] = urls[receiver["name"]]
     return yaml.safe_dump(cfg, sort_keys=False)
 
 

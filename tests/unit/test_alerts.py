@@ -107,7 +107,7 @@ DETAILS = {"stall_detected": {"verdict": "frozen: no tokens for 40s", "kind": "f
 def test_events_arrive_in_order_with_documented_payloads(receiver, dispatcher) -> None:
     hook, slack, am = receiver(), receiver(), receiver()
     d = dispatcher([WebhookSink(hook.url + "/hook?x=1", Secret(SECRET)), SlackSink(slack.url + "/services/T/B/C"),
-                    AlertmanagerSink(am.url + "/")], RetryPolicy.instant())
+                    AlertmanagerSink(am.url + "/", host="gpu-1")], RetryPolicy.instant())
     alerts = [alert(e, details=DETAILS.get(e, {}), time=1_700_000_000.0 + i, resolved=e == "resolved")
               for i, e in enumerate(EVENTS)]
     for a in alerts:
@@ -120,7 +120,7 @@ def test_events_arrive_in_order_with_documented_payloads(receiver, dispatcher) -
         assert b == {"version": 1, "event": a.event, "incident_id": "inc-1", "engine": "0", "stack": "qwen",
                      "url": "http://127.0.0.1:8000", "state": "frozen", "summary": a.summary,
                      "details": DETAILS.get(a.event, {}), "time": b["time"], "resolved": a.event == "resolved",
-                     "runbook": ""}
+                     "runbook": "", "severity": "critical"}
         assert ISO.match(b["time"])
     assert bodies[0]["time"] == "2023-11-14T22:13:20.000Z"
     for path, headers, raw in hook.received:
@@ -146,8 +146,8 @@ def test_events_arrive_in_order_with_documented_payloads(receiver, dispatcher) -
     for post, a in zip(posts, alerts, strict=True):
         assert isinstance(post, list) and len(post) == 1
         one = post[0]
-        assert one["labels"] == {"alertname": "EngineFrozen", "engine": "0", "stack": "qwen", "incident_id": "inc-1",
-                                 "severity": "critical"}
+        assert one["labels"] == {"alertname": "EngineWatchdogEngineFrozen", "engine": "0", "stack": "qwen",
+                                 "host": "gpu-1", "incident_id": "inc-1", "severity": "critical"}
         assert {"summary", "description"} <= set(one["annotations"])
         assert ISO.match(one["startsAt"])
         assert one["generatorURL"] == "http://127.0.0.1:8000"
@@ -206,28 +206,29 @@ def test_close_with_a_full_queue_behind_a_slow_send_still_ends_the_thread(caplog
 def test_alertmanager_alertname_follows_the_incident_kind() -> None:
     am = AlertmanagerSink("http://am:9093", firing_ttl=3600)
     # one incident keeps one alertname (labels are Alertmanager's identity), so `resolved` ends the right alert
-    assert am.alertname(alert("engine_down", "a", state="down")) == "EngineDown"
-    assert am.alertname(alert("restart_started", "a", state="starting")) == "EngineDown"
-    assert am.alertname(alert("resolved", "a", state="healthy", resolved=True)) == "EngineDown"
-    assert am.alertname(alert("stall_detected", "b")) == "EngineFrozen"
-    assert am.alertname(alert("engine_down", "b", state="down")) == "EngineFrozen"
+    assert am.alertname(alert("engine_down", "a", state="down")) == "EngineWatchdogEngineDown"
+    assert am.alertname(alert("restart_started", "a", state="starting")) == "EngineWatchdogEngineDown"
+    assert am.alertname(alert("resolved", "a", state="healthy", resolved=True)) == "EngineWatchdogEngineDown"
+    assert am.alertname(alert("stall_detected", "b")) == "EngineWatchdogEngineFrozen"
+    assert am.alertname(alert("engine_down", "b", state="down")) == "EngineWatchdogEngineFrozen"
     boot = alert("gave_up", "c", state="starting", details={"kind": "boot_timeout"})
-    assert am.alertname(boot) == "EngineBootTimeout"
+    assert am.alertname(boot) == "EngineWatchdogEngineStartingTooLong"
     fresh = AlertmanagerSink("http://am:9093")  # e.g. after a watchdog restart: details["kind"] says it
-    assert fresh.alertname(alert("resolved", "a", state="healthy", details={"kind": "down"})) == "EngineDown"
+    resolved = alert("resolved", "a", state="healthy", details={"kind": "down"})
+    assert fresh.alertname(resolved) == "EngineWatchdogEngineDown"
     [firing] = json.loads(am.body(alert(time=0.0)))
     assert firing["endsAt"] == "1970-01-01T01:00:00.000Z"  # held open, not ended by resolve_timeout
 
 
-def test_a_blind_incident_is_one_watchdog_blind_alert_from_blind_to_resolved() -> None:
+def test_a_blind_incident_is_one_blind_alert_from_blind_to_resolved() -> None:
     am = AlertmanagerSink("http://am:9093")
-    assert am.alertname(alert("blind", "d", state="blind", details={"kind": "blind"})) == "WatchdogBlind"
-    assert am.alertname(alert("blind_frozen", "d", state="blind")) == "WatchdogBlind"
-    assert am.alertname(alert("resolved", "d", state="idle", resolved=True)) == "WatchdogBlind"
+    assert am.alertname(alert("blind", "d", state="blind", details={"kind": "blind"})) == "EngineWatchdogEngineBlind"
+    assert am.alertname(alert("blind_frozen", "d", state="blind")) == "EngineWatchdogEngineBlind"
+    assert am.alertname(alert("resolved", "d", state="idle", resolved=True)) == "EngineWatchdogEngineBlind"
     fresh = AlertmanagerSink("http://am:9093")  # no kind in the details, none remembered: the event says it
-    assert fresh.alertname(alert("blind", "e", state="blind")) == "WatchdogBlind"
+    assert fresh.alertname(alert("blind", "e", state="blind")) == "EngineWatchdogEngineBlind"
     [ended] = json.loads(fresh.body(alert("resolved", "e", state="idle", resolved=True, time=5.0)))
-    assert ended["labels"]["alertname"] == "WatchdogBlind" and ended["endsAt"] == iso(5.0)
+    assert ended["labels"]["alertname"] == "EngineWatchdogEngineBlind" and ended["endsAt"] == iso(5.0)
 
 
 def test_down_receiver_is_retried_then_given_up_without_blocking(dispatcher, caplog) -> None:
@@ -436,3 +437,40 @@ def test_heartbeat_pings_only_after_an_observing_pass_and_at_most_once_an_interv
         srv.shutdown()
         srv.server_close()
         t.join(5)
+
+
+def test_an_incident_in_hand_is_a_warning_until_it_pages_then_the_page_is_resolved(receiver, dispatcher) -> None:
+    """Labels are an alert's identity in Alertmanager: the escalation ends the warning and fires the page in one post,
+    and the resolve ends the page (the alert that was sent), whatever severity the resolving event carries."""
+    am = receiver()
+    d = dispatcher([AlertmanagerSink(am.url, host="gpu-1")], RetryPolicy.instant())
+    for i, (event, severity) in enumerate([("stall_detected", "warning"), ("restart_started", "warning"),
+                                           ("restart_failed", "critical"), ("gave_up", "critical"),
+                                           ("resolved", "warning")]):
+        d.submit(alert(event, "inc-9", time=100.0 + i, resolved=event == "resolved", severity=severity))
+        assert d.wait_idle(10)
+    posts = am.bodies()
+    sent = [[(a["labels"]["severity"], "endsAt" in a) for a in post] for post in posts]
+    assert sent == [[("warning", False)], [("warning", False)], [("warning", True), ("critical", False)],
+                    [("critical", False)], [("critical", True)]], sent
+    ended_warning = posts[2][0]
+    assert ended_warning["endsAt"] == iso(102.0)
+    assert ended_warning["labels"]["alertname"] == "EngineWatchdogEngineFrozen"
+    assert {a["labels"]["incident_id"] for post in posts for a in post} == {"inc-9"}
+
+
+def test_an_unknown_severity_is_refused() -> None:
+    with pytest.raises(ValueError, match="severity"):
+        alert(severity="page")
+
+
+def test_each_sink_says_whether_its_last_alert_was_delivered(receiver, dispatcher) -> None:
+    """The exporter's watchdog_alert_sink_delivering: the shipped rules stand in while the Alertmanager sink fails."""
+    up = receiver()
+    d = dispatcher([AlertmanagerSink(up.url, name="am"), AlertmanagerSink(closed_port_url(), name="am-gone",
+                                                                          connect_timeout=1)],
+                   RetryPolicy.instant(attempts=2))
+    assert d.delivering() == [("am", "alertmanager", True), ("am-gone", "alertmanager", True)]  # nothing sent yet
+    d.submit(alert())
+    assert d.wait_idle(20)
+    assert d.delivering() == [("am", "alertmanager", True), ("am-gone", "alertmanager", False)]

@@ -52,6 +52,9 @@ class Closable:
     def views(self) -> list[object]:
         return []
 
+    def delivering(self) -> list[tuple[str, str, bool]]:
+        return []
+
 
 @pytest.fixture
 def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:

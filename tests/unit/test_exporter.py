@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import watchdog.service.exporter as exporter_module
+from watchdog import __version__
 from watchdog.core.types import PageReading, Scrape, State, Verdict
 from watchdog.nodes.liveness import NodeView, overlay
 from watchdog.service.exporter import Exporter
@@ -152,3 +153,30 @@ def test_livez_counts_trouble_from_the_same_overlaid_verdicts_it_shows(monkeypat
     e.set_overlaid(overlay(frozen, blind), frozen, clock[0])
     a = e.probe("livez")
     assert a.code == 200 and a.body["state"] == "blind"
+
+
+def test_the_open_incident_is_one_series_with_the_alert_labels_and_gone_once_resolved() -> None:
+    """What the rules turn into the same alert as the daemon's own (deploy/prometheus/watchdog-rules.yml)."""
+    e = Exporter(stack="llama", host="gpu-1")
+    assert samples(e)[("watchdog_info", (("host", "gpu-1"), ("stack", "llama"), ("version", __version__)))] == 1.0
+    e.set_response({"incident": {"id": "i1", "engine": "0", "kind": "frozen", "in_hand": True}, "budget_left": 2})
+    assert incidents(e) == {(("engine", "0"), ("incident_id", "i1"), ("kind", "frozen"), ("severity", "warning"))}
+    e.set_response({"incident": {"id": "i1", "engine": "0", "kind": "frozen", "in_hand": False}, "budget_left": 1})
+    assert incidents(e) == {(("engine", "0"), ("incident_id", "i1"), ("kind", "frozen"), ("severity", "critical"))}
+    e.set_response({"incident": None, "blind": [{"what": "page", "seconds": 90.0, "incident": "b1", "engine": "0"}]})
+    assert incidents(e) == {(("engine", "0"), ("incident_id", "b1"), ("kind", "blind"), ("severity", "critical"))}
+    e.set_response({"incident": None, "blind": []})
+    assert incidents(e) == set()
+
+
+def test_a_pause_without_an_end_shows_zero_and_one_with_an_end_its_time() -> None:
+    e = Exporter()
+    e.set_response({"incident": None, "paused": True, "paused_until": None})
+    assert samples(e)[("watchdog_paused", ())] == 1.0
+    assert samples(e)[("watchdog_pause_end_timestamp_seconds", ())] == 0.0
+    e.set_response({"incident": None, "paused": True, "paused_until": 1_900_000_000.0})
+    assert samples(e)[("watchdog_pause_end_timestamp_seconds", ())] == 1_900_000_000.0
+
+
+def incidents(e: Exporter) -> set[tuple[tuple[str, str], ...]]:
+    return {labels for (name, labels), value in samples(e).items() if name == "watchdog_incident_info" and value == 1}

@@ -110,7 +110,9 @@ def test_every_alert_says_what_and_links_its_runbook() -> None:
         ann = rule["annotations"]
         assert {"summary", "description", "runbook_url"} <= set(ann), name
         assert ann["summary"].strip() and len(ann["description"]) > 40, name
-        assert rule["labels"]["severity"] in ("critical", "warning"), name
+        severity = rule.get("labels", {}).get("severity")  # or the incident's own, kept by the expression
+        assert severity in ("critical", "warning") or (severity is None and re.search(
+            r"max by \([^)]*\bseverity\b", rule["expr"]) and "watchdog_incident_info" in rule["expr"]), name
         assert "for" in rule, f"{name}: no for:"
         url = ann["runbook_url"]
         m = re.fullmatch(re.escape(PLACEHOLDER) + r"/([a-z-]+)\.md", url)
@@ -125,7 +127,7 @@ def test_copy_rules_changes_only_the_for_durations_and_the_runbook_base(tmp_path
     assert len(before) == len(after)
     changed = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
     assert changed and all(b.strip().startswith(("for:", "runbook_url:")) for b, _ in changed), changed
-    assert fors["WatchdogEngineFrozen"] == 3 and fors["WatchdogEngineStartingTooLong"] == 90
+    assert fors["EngineWatchdogEngineFrozen"] == 3 and fors["EngineWatchdogIncidentOpenLong"] == 90
     assert all(v >= 1 for v in fors.values())
     assert "https://wiki.test/runbooks/frozen.md" in (tmp_path / "r.yml").read_text()
     assert promtool("check", "rules", str(tmp_path / "r.yml")).ok
@@ -148,8 +150,46 @@ def test_the_example_alertmanager_config_is_valid() -> None:
     r = run([str(AMTOOL_BIN), "check-config", str(ALERTMANAGER_EXAMPLE)], timeout=60)
     assert r.ok and "SUCCESS" in r.output, r.output
     cfg = yaml.safe_load(ALERTMANAGER_EXAMPLE.read_text())
-    inhibited = " ".join(m for rule in cfg["inhibit_rules"] for m in rule["source_matchers"] + rule["target_matchers"])
-    assert set(re.findall(r"Watchdog\w+", inhibited)) <= set(rules())
+    for rule in cfg["inhibit_rules"]:  # every name or pattern matches a shipped alert
+        for m in rule["source_matchers"] + rule["target_matchers"]:
+            if (found := re.fullmatch(r'alertname(=~?)"(.+)"', m)) is not None:
+                pattern = found[2] if found[1] == "=~" else re.escape(found[2])
+                assert any(re.fullmatch(pattern, name) for name in rules()), m
+
+
+def test_the_example_alertmanager_config_pages_only_critical_alerts() -> None:
+    def receiver(*labels: str) -> str:
+        r = run([str(AMTOOL_BIN), "config", "routes", "test", f"--config.file={ALERTMANAGER_EXAMPLE}", *labels],
+                timeout=60)
+        assert r.ok, r.output
+        return r.output.strip().splitlines()[-1]  # after a warning line about --alertmanager.url
+
+    incident = ("engine=0", "stack=llama", "host=gpu-1", "incident_id=x")
+    assert receiver("alertname=EngineWatchdogEngineFrozen", "severity=critical", *incident) == "engine-pager"
+    assert receiver("alertname=EngineWatchdogEngineFrozen", "severity=warning", *incident) == "engine-chat"
+    assert receiver("alertname=EngineWatchdogRestartBudgetLow", "severity=warning") == "engine-chat"
+    assert receiver("alertname=EngineWatchdogGaveUp", "severity=critical") == "engine-pager"
+
+
+def test_no_rule_is_named_like_kube_prometheus_watchdog() -> None:
+    """kube-prometheus' always-firing dead-man alert is `Watchdog`: its dashboards match `Watchdog.*`."""
+    assert rules() and all(name.startswith("EngineWatchdog") for name in rules())
+    assert not [name for name in rules() if re.fullmatch("Watchdog.*", name)]
+
+
+def test_the_rules_and_their_tests_follow_another_job_selector(tmp_path: Path) -> None:
+    """The job selector is set as the install sets the runbook address (by substitution): the rules select the
+    other job, and only it."""
+    for src in (RULES, RULES_TEST):
+        (tmp_path / src.name).write_text(src.read_text().replace('job="engine-watchdog"', 'job="gpu-watchdogs"')
+                                         .replace('job=\\"engine-watchdog\\"', 'job=\\"gpu-watchdogs\\"')
+                                         .replace("job: engine-watchdog", "job: gpu-watchdogs"))
+    assert 'job="engine-watchdog"' not in (tmp_path / RULES.name).read_text()
+    r = promtool("test", "rules", str(tmp_path / RULES_TEST.name))
+    assert r.ok, r.output
+    shutil.copy(RULES, tmp_path / RULES.name)  # the rules left on the old job: the same series no longer fire them
+    r = promtool("test", "rules", str(tmp_path / RULES_TEST.name))
+    assert not r.ok and "FAILED" in r.output
 
 
 # -- the dashboard -------------------------------------------------------------------------------------------------
@@ -191,6 +231,7 @@ def exported_names() -> set[str]:
                     "paused": False, "budget_left": 2, "gave_up": False,
                     "blind": [{"what": "node:worker1", "seconds": 70.0}]})
     e.observe_gpu(GpuSample(t=1.0, index=0, util=50, power_w=300.0, sm_clock_mhz=1900))
+    e.passes.sinks = lambda: [("am", "alertmanager", True)]
     e.observe_event("restart_started")
     e.observe_record({"event": "recovered", "downtime": 42.0})
     e.observe_record({"event": "evidence_captured", "capture_seconds": 3.5})

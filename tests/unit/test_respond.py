@@ -316,3 +316,48 @@ def test_a_freeze_id_reserved_for_its_bundle_opens_its_incident_and_ends_with_th
         other.step(state)
         assert other.r.id_for("0", other.clock.wall + 5) != first
         first = other.r.id_for("0", other.clock.wall + 5)
+
+
+def severities(h: Harness) -> list[tuple[str, str]]:
+    return [(a.event, a.severity) for a in h.alerts]
+
+
+def test_a_freeze_restarted_within_the_budget_is_a_warning_until_its_restart_fails(h: Harness) -> None:
+    h.step(State.FROZEN)
+    h.r.evidence("0", "stuck", "/b", {})
+    h.step(State.FROZEN)
+    assert severities(h) == [("stall_detected", "warning"), ("evidence_captured", "warning"),
+                             ("restart_started", "warning")]
+    assert h.r.status(h.clock.wall)["incident"]["in_hand"] is True
+    h.recovery.finish(False, 0, "not serving by the boot timeout")
+    h.step(State.FROZEN)
+    assert severities(h)[-1] == ("restart_failed", "critical")  # the page
+    h.step(State.FROZEN, advance=61)  # the second restart of the budget: still a page, the first one failed
+    assert len(h.recovery.jobs) == 2 and h.r.status(h.clock.wall)["incident"]["in_hand"] is False
+    assert json.loads((h.tmp / "recovery.json").read_text())["incident"]["in_hand"] is False
+
+
+def test_a_freeze_nothing_will_restart_pages_at_once(tmp_path: Path) -> None:
+    h = Harness(tmp_path, load(None))  # no restart steps: alert only
+    h.step(State.FROZEN)
+    assert severities(h) == [("stall_detected", "critical")]
+
+
+def test_a_freeze_with_the_budget_spent_pages_and_its_give_up_too(tmp_path: Path) -> None:
+    save_memory(tmp_path, Memory([T0 - 10], None, None))  # the one restart of the budget was spent just now
+    h = Harness(tmp_path, config(budget=1))
+    h.step(State.FROZEN)
+    h.r.evidence("0", "stuck", "/b", {})
+    h.step(State.FROZEN)
+    assert severities(h) == [("stall_detected", "critical"), ("evidence_captured", "critical"),
+                             ("gave_up", "critical")]
+
+
+def test_a_freeze_opened_while_paused_is_still_in_hand_once_resumed(h: Harness) -> None:
+    save_control(h.tmp, Control(paused=True))
+    h.step(State.FROZEN)
+    h.r.evidence("0", "stuck", "/b", {})
+    h.step(State.FROZEN)
+    save_control(h.tmp, Control(paused=False))
+    h.step(State.FROZEN)
+    assert severities(h) == [("restart_started", "warning")]

@@ -109,7 +109,7 @@ def test_a_node_unseen_59s_is_quiet_61s_alerted_with_its_runbook_never_restarted
     assert "-blind-" in a.incident_id
     blind_now = s.status()["blind"]
     assert blind_now == [{"what": "node:worker1", "unseen": "node worker1", "why": WHY, "since": pytest.approx(T0 + 2),
-                          "seconds": 61.0, "incident": a.incident_id}]
+                          "seconds": 61.0, "incident": a.incident_id, "engine": a.engine}]
     assert s.status()["incident"] is None  # the restart policy's incident: none
     for _ in range(5):
         s.step(State.IDLE, [LOST], advance=30)

@@ -18,10 +18,17 @@ When a secret is set, ``X-Watchdog-Signature: sha256=<hex HMAC-SHA256(secret, ex
 ``X-Watchdog-Timestamp: <unix seconds at sending>`` are added (see `verify_signature`). A timed-out attempt may
 have reached the receiver, so receivers should deduplicate on (incident_id, event).
 
-Alertmanager (``AlertmanagerSink``): one alert per incident, labels ``alertname`` (EngineFrozen, EngineDown,
-EngineBootTimeout or WatchdogBlind from ``details["kind"]`` = frozen/down/boot_timeout/blind, else the incident's first
-event/state), ``engine``, ``stack``, ``incident_id``, ``severity``; each event updates its annotations; ``endsAt`` is
-set when ``resolved``. Without ``firing_ttl`` Alertmanager ends a firing alert after its own ``resolve_timeout``.
+Alertmanager (``AlertmanagerSink``): one alert per incident, named as the shipped Prometheus rule for the same
+trouble (EngineWatchdogEngineFrozen, ...Down, ...StartingTooLong or ...Blind, from ``details["kind"]`` =
+frozen/down/boot_timeout/blind, else the incident's first event/state), labels ``engine``, ``stack``, ``host``,
+``incident_id``, ``severity``; each event updates its annotations; ``endsAt`` is set when ``resolved``. Without
+``firing_ttl`` Alertmanager ends a firing alert after its own ``resolve_timeout``. The shipped Alertmanager config
+mutes the rules' alert for an engine while the daemon's own one (it has an ``incident_id``) fires: one page.
+
+Severity: an incident the watchdog is restarting within its budget is ``warning`` (chat, no page); it becomes the
+sink's ``severity`` (``critical`` by default: a page) when a restart fails, the budget is spent, or nothing will be
+restarted (no steps, dry run, alert-only). Labels are an alert's identity in Alertmanager, so the change ends the
+warning alert and fires the page in one post.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -43,6 +51,7 @@ from watchdog.config.load import Secret
 
 EVENTS = ("stall_detected", "evidence_captured", "restart_started", "recovered", "restart_failed", "gave_up",
           "engine_down", "blind", "blind_frozen", "watchdog_fault", "resolved")
+SEVERITIES = ("critical", "warning")
 _USER_AGENT = f"engine-watchdog/{__version__}"  # receivers can tell which watchdog sent an alert
 
 
@@ -59,10 +68,13 @@ class Alert:
     time: float = field(default_factory=time.time)  # wall clock
     resolved: bool = False
     runbook: str = ""  # where the page for this cause is read (core/runbooks.runbook_link), "" for none
+    severity: str = "critical"  # "warning" while the watchdog is restarting it within its budget: no page
 
     def __post_init__(self) -> None:
         if self.event not in EVENTS:
             raise ValueError(f"unknown alert event {self.event!r} (known: {', '.join(EVENTS)})")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown alert severity {self.severity!r} (known: {', '.join(SEVERITIES)})")
 
 
 class Sink(Protocol):
@@ -131,7 +143,7 @@ class WebhookSink(_HttpSink):
         return _json({"version": 1, "event": alert.event, "incident_id": alert.incident_id, "engine": alert.engine,
                       "stack": alert.stack, "url": alert.url, "state": alert.state, "summary": alert.summary,
                       "details": dict(alert.details), "time": iso(alert.time), "resolved": alert.resolved,
-                      "runbook": alert.runbook})
+                      "runbook": alert.runbook, "severity": alert.severity})
 
     def headers(self, body: bytes) -> dict[str, str]:
         if not self._secret:
@@ -160,18 +172,21 @@ class SlackSink(_HttpSink):
             {"type": "context", "elements": [{"type": "mrkdwn", "text": context}]}]})
 
 
-_ALERTNAMES = {"frozen": "EngineFrozen", "down": "EngineDown", "boot_timeout": "EngineBootTimeout",
-               "blind": "WatchdogBlind"}  # blind: the watchdog cannot see the page or a node (docs/blind.md)
+# blind: the watchdog cannot see the page or a node (docs/blind.md)
+_ALERTNAMES = {"frozen": "EngineWatchdogEngineFrozen", "down": "EngineWatchdogEngineDown",
+               "boot_timeout": "EngineWatchdogEngineStartingTooLong", "blind": "EngineWatchdogEngineBlind"}
 
 
 class AlertmanagerSink(_HttpSink):
     kind = "alertmanager"
 
     def __init__(self, base_url: str, *, severity: str = "critical", firing_ttl: float | None = None,
-                 **kw: Any) -> None:
+                 host: str | None = None, **kw: Any) -> None:
         super().__init__(base_url.rstrip("/") + "/api/v2/alerts", **kw)
         self.severity, self.firing_ttl = severity, firing_ttl
+        self.host = socket.gethostname() if host is None else host  # the rules' alerts get it from watchdog_info
         self._kinds: OrderedDict[str, str] = OrderedDict()  # incident -> kind: one incident is one alert
+        self._sent: dict[str, str] = {}  # incident -> the severity label last sent for it
 
     def alertname(self, alert: Alert) -> str:
         kind = alert.details.get("kind")
@@ -181,20 +196,39 @@ class AlertmanagerSink(_HttpSink):
                 "blind" if alert.event in ("blind", "blind_frozen") or alert.state == "blind" else "frozen")
         self._kinds[alert.incident_id] = kind
         if len(self._kinds) > 1024:
-            self._kinds.popitem(last=False)
+            gone, _ = self._kinds.popitem(last=False)
+            self._sent.pop(gone, None)
         return _ALERTNAMES[kind]
 
+    def severity_of(self, alert: Alert) -> str:
+        """The severity label: the sink's own for a page, "warning" while the watchdog has it in hand. A resolve ends
+        the alert that was sent (labels are its identity), whatever the resolving event says."""
+        if alert.resolved and alert.incident_id in self._sent:
+            return self._sent[alert.incident_id]
+        return self.severity if alert.severity == "critical" else "warning"
+
     def body(self, alert: Alert) -> bytes:
+        severity, before = self.severity_of(alert), self._sent.get(alert.incident_id)
         labels = {"alertname": self.alertname(alert), "engine": alert.engine, "stack": alert.stack,
-                  "incident_id": alert.incident_id, "severity": self.severity}
+                  "host": self.host, "incident_id": alert.incident_id}
         annotations = {"summary": headline(alert), "event": alert.event,
                        "description": "; ".join([f"{alert.event}: {alert.summary}", *_facts(alert)])}
         if alert.details.get("bundle"):
             annotations["bundle"] = str(alert.details["bundle"])
         if alert.runbook:
             annotations["runbook_url"] = alert.runbook  # the annotation name Prometheus' own rules use
-        am: dict[str, Any] = {"labels": {k: v for k, v in labels.items() if v}, "annotations": annotations,
-                              "startsAt": iso(alert.time), "generatorURL": alert.url}
+        am: dict[str, Any] = {"labels": {k: v for k, v in {**labels, "severity": severity}.items() if v},
+                              "annotations": annotations, "startsAt": iso(alert.time), "generatorURL": alert.url}
         if alert.resolved or self.firing_ttl:
             am["endsAt"] = iso(alert.time + (0 if alert.resolved else self.firing_ttl or 0))
-        return _json([am])
+        posts = [am]
+        if before is not None and before != severity:  # escalated: the warning ends as the page fires
+            posts.insert(0, {**am, "labels": {**am["labels"], "severity": before}, "endsAt": iso(alert.time)})
+        return _json(posts)
+
+    def send(self, alert: Alert) -> None:
+        super().send(alert)  # delivered: from now on Alertmanager holds this severity's alert for the incident
+        if alert.resolved:
+            self._sent.pop(alert.incident_id, None)
+        else:
+            self._sent[alert.incident_id] = self.severity_of(alert)

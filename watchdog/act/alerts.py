@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 import tenacity
@@ -32,10 +32,16 @@ from watchdog.act.alert_sinks import (
 )
 from watchdog.config.load import Config
 
-__all__ = ["EVENTS", "Alert", "AlertmanagerSink", "Dispatcher", "RetryPolicy", "SlackSink", "WebhookSink",
-           "build_dispatcher", "describe_error", "verify_signature"]
+__all__ = ["EVENTS", "Alert", "AlertSender", "AlertmanagerSink", "Dispatcher", "RetryPolicy", "SlackSink",
+           "WebhookSink", "build_dispatcher", "describe_error", "verify_signature"]
 
 log = logging.getLogger(__name__)
+
+
+class AlertSender(Protocol):
+    """What the act stage needs to send an alert (`Dispatcher`, or a test's fake)."""
+
+    def submit(self, alert: Alert) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,7 @@ class _Worker:
     def __init__(self, sink: Sink, retry: RetryPolicy, queue_size: int, abort: threading.Event) -> None:
         self.sink, self.retry, self.abort = sink, retry, abort
         self.limit = queue_size  # alerts waiting at most (kept by `Dispatcher.submit`); the stop always fits
+        self.delivering = True  # the last alert reached the sink (or none was sent yet); False after a give-up
         self.queue: queue.Queue[Alert | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name=f"alerts-{sink.name}", daemon=True)
         self.thread.start()
@@ -146,10 +153,12 @@ class _Worker:
         try:
             retrying(attempt)
         except Exception as e:
+            self.delivering = False
             log.warning("alert not delivered, giving up: sink %s, event %s, incident %s, engine %s: %s "
                         "(%d attempt%s in %.1fs)", self.sink.name, alert.event, alert.incident_id, alert.engine,
                         describe_error(e), attempts, "" if attempts == 1 else "s", time.monotonic() - started)
         else:
+            self.delivering = True
             log.debug("alert sink %s: delivered %s for incident %s (attempt %d)", self.sink.name, alert.event,
                       alert.incident_id, attempts)
 
@@ -187,6 +196,11 @@ class Dispatcher:
                 self._seen[key] = None
                 while len(self._seen) > self._dedup_size:
                     self._seen.popitem(last=False)
+
+    def delivering(self) -> list[tuple[str, str, bool]]:
+        """Each sink's (name, kind, whether its last alert was delivered): the exporter's
+        ``watchdog_alert_sink_delivering``, which the shipped rules read to stand in for a failing Alertmanager sink."""
+        return [(w.sink.name, str(getattr(w.sink, "kind", "")), w.delivering) for w in self._workers]
 
     def wait_idle(self, timeout: float) -> bool:
         """True once every queued alert has been delivered or given up on (tests, benchmarks)."""

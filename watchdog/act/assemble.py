@@ -115,6 +115,10 @@ class Act:
                                  "watchdog_fault", f"the watchdog's {stage} stage failed: {error}",
                                  {"stage": stage, "error": error, "where": where[-2000:]}))
 
+    def delivering(self) -> list[tuple[str, str, bool]]:
+        """Each alert sink's (name, kind, last alert delivered): the exporter's watchdog_alert_sink_delivering."""
+        return self.alerts.delivering() if self.alerts is not None else []
+
     def close(self) -> None:
         self.recovery.stop()
         if self.alerts is not None:

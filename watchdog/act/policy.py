@@ -1,6 +1,7 @@
 """The restart policy: pure decisions over what is known now. No I/O, no clock: time arrives as data.
 
 ``choose`` answers one question for an open incident: restart now, wait, hold, give up, or only watch, and why.
+``in_hand`` says whether that answer leaves the incident to the watchdog (its alerts a warning, no page).
 The restart budget (at most ``budget`` restarts per ``window`` seconds) and the backoff between restarts
 (``backoff_initial`` before the 2nd restart in the window, doubling, at most ``backoff_max``) are computed from the
 wall times of the restarts issued, which the daemon keeps on disk.
@@ -90,3 +91,13 @@ def choose(kind: str, *, budget: Budget, restarts: Sequence[float], now: float, 
         return Ruling(Choice.WAIT, f"backoff: next restart allowed in {not_before - now:.0f}s", not_before)
     return Ruling(Choice.RESTART, f"restarting ({budget.left(restarts, now, reset_at)} of {budget.budget} "
                     f"left in the budget window)")
+
+
+IN_HAND = frozenset({Choice.RESTART, Choice.WAIT, Choice.HOLD, Choice.AWAIT_SUPERVISOR})
+
+
+def in_hand(choice: Choice) -> bool:
+    """The watchdog (or the stack's supervisor) will restart it within the budget: nobody needs paging yet. Holding
+    counts: the stacks show work, and the restart follows at ``hold_max`` if progress does not. Paused, alert-only,
+    dry run and a spent budget need a human."""
+    return choice in IN_HAND

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from watchdog.act.restart import RestartOutcome
 
@@ -47,6 +48,16 @@ class Progress:
     last_try: str = ""
     tries: int = 0
     outcome: RestartOutcome | None = None  # the restart steps' outcome, once they are done
+
+
+class Recoverer(Protocol):
+    """What the responder needs of a recovery runner (`RecoveryRunner`, or a test's fake)."""
+
+    @property
+    def busy(self) -> bool: ...
+    progress: Progress | None
+    def start(self, job: RecoveryJob) -> None: ...
+    def poll(self) -> RecoveryDone | None: ...
 
 
 class RecoveryRunner:

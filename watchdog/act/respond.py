@@ -23,11 +23,11 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from watchdog.act.alerts import Alert
-from watchdog.act.policy import Budget, Choice, choose
-from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
+from watchdog.act.alerts import Alert, AlertSender
+from watchdog.act.policy import Budget, Choice, Ruling, choose, in_hand
+from watchdog.act.recovery import Recoverer, RecoveryDone, RecoveryJob
 from watchdog.act.restart import RestartOutcome
 from watchdog.act.state import Control, ControlFile, Incident, Memory, load_memory, save_memory
 from watchdog.config.load import Config
@@ -38,18 +38,6 @@ from watchdog.evidence.explain.log_cause import down_runbook
 log = logging.getLogger(__name__)
 
 ACTIVE = ("restarting", "proving")
-
-
-class AlertSender(Protocol):
-    def submit(self, alert: Alert) -> None: ...
-
-
-class Recoverer(Protocol):
-    @property
-    def busy(self) -> bool: ...
-    progress: Progress | None
-    def start(self, job: RecoveryJob) -> None: ...
-    def poll(self) -> RecoveryDone | None: ...
 
 
 # With no incident, no recovery and every engine idle or working there is nothing to act on: the operator's switches
@@ -194,6 +182,7 @@ class Responder:
         self.memory.incident, self._said = inc, ""
         self._save()
         self._event(inc, "incident_opened", reason=v.reason)
+        inc.in_hand = in_hand(self._ruling(inc, now, paused=False).choice)  # restarted within budget: no page
         if down_bundle is not None:  # its bundle (the log's cause) before any restart
             down_bundle(v.engine, iid, v.reason)
         said, rb = self._stacks_said.pop(v.engine, ("", ""))  # a freeze the stacks confirmed: their headline
@@ -220,19 +209,24 @@ class Responder:
         wanted = {"frozen": (State.FROZEN, State.DOWN), "down": (State.DOWN,), "boot_timeout": (State.STARTING,)}
         return v.state in wanted[inc.kind]
 
+    def _ruling(self, inc: Incident, now: float, working: bool = False, paused: bool | None = None) -> Ruling:
+        gave_up = self.memory.gave_up is not None and self.memory.gave_up.get("at", 0) >= self.control.reset_at
+        return choose(inc.kind, budget=self.budget, restarts=self.memory.restarts, now=now,
+                      reset_at=self.control.reset_at, stacks_working=working,
+                      paused=self.control.is_paused(now) if paused is None else paused,
+                      dry_run=self.r.dry_run, gave_up=gave_up, has_steps=bool(self.r.steps),
+                      supervised=self.r.supervised, on_boot_timeout=self.r.on_boot_timeout)
+
     def _decide(self, inc: Incident, now: float) -> None:
-        paused = self.control.is_paused(now)
         working = inc.evidence == "working"
         if working and inc.held_since is not None and now - inc.held_since >= self.r.hold_max:
             working = False
             if self._said != "held too long":
                 self._said = "held too long"
                 self._event(inc, "hold_ended", reason=f"held {now - inc.held_since:.0f}s without progress")
-        gave_up = self.memory.gave_up is not None and self.memory.gave_up.get("at", 0) >= self.control.reset_at
-        d = choose(inc.kind, budget=self.budget, restarts=self.memory.restarts, now=now,
-                   reset_at=self.control.reset_at, stacks_working=working, paused=paused,
-                   dry_run=self.r.dry_run, gave_up=gave_up, has_steps=bool(self.r.steps),
-                   supervised=self.r.supervised, on_boot_timeout=self.r.on_boot_timeout)
+        d = self._ruling(inc, now, working)
+        if d.choice != Choice.PAUSED:  # once out of hand (a human is needed) it pages; a pause only waits
+            inc.in_hand = inc.in_hand and in_hand(d.choice)
         if d.choice == Choice.RESTART:
             self._restart(inc, now)
             return
@@ -290,7 +284,7 @@ class Responder:
                          "attempts": inc.attempts}, state="serving")
             self._resolve(inc, now, "recovered")
             return
-        inc.phase, self._said = "open", ""
+        inc.phase, self._said, inc.in_hand = "open", "", False  # a failed restart pages
         self._save()
         self._event(inc, "restart_failed", stage=done.stage, error=done.detail, attempt=inc.attempts)
         self._alert(inc, "restart_failed", f"{done.stage}: {done.detail}", {"kind": inc.kind, "stage": done.stage,
@@ -330,14 +324,16 @@ class Responder:
             state = "serving" if resolved else inc.phase if inc.phase in ACTIVE else v.state.value if v else "unknown"
         self.alerts.submit(Alert(event, inc.id, inc.engine, self.cfg.engine.name, base_url(self.cfg.engine.url),
                                  state, summary, details, self.wall(), resolved,
-                                 "" if runbook is None else runbook_link(runbook, self.cfg.alerts.runbook_base)))
+                                 "" if runbook is None else runbook_link(runbook, self.cfg.alerts.runbook_base),
+                                 "warning" if inc.in_hand else "critical"))
 
     def status(self, now: float) -> dict[str, Any]:
         inc, progress = self.memory.incident, self.recovery.progress
         until = self.control.paused_until
         return {
             "incident": None if inc is None else {"id": inc.id, "engine": inc.engine, "kind": inc.kind,
-                                                  "phase": inc.phase, "attempts": inc.attempts, "bundle": inc.bundle},
+                                                  "phase": inc.phase, "attempts": inc.attempts, "bundle": inc.bundle,
+                                                  "in_hand": inc.in_hand},
             "recovery": None if progress is None else {"phase": progress.phase,
                                                        "seconds": round(now - progress.since, 1),
                                                        "since": progress.since,

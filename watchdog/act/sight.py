@@ -119,7 +119,8 @@ class Sight:
     def status(self) -> list[dict[str, Any]]:
         """What cannot be seen now, since when, and its incident (``status.json`` ``blind``; the exporter's
         ``watchdog_blind_seconds``)."""
-        open_ = {b.unseen: b.id for b in self.memory.blind}
+        open_ = {b.unseen: b for b in self.memory.blind}
         return [{"what": u.what, "unseen": u.name, "why": u.why, "since": self._wall_since(u.what),
                  "seconds": round(self._mono - self.since.get(u.what, self._mono), 1),
-                 "incident": open_.get(u.what)} for u in self.current]
+                 "incident": b.id if (b := open_.get(u.what)) else None, "engine": b.engine if b else None}
+                for u in self.current]

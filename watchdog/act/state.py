@@ -57,6 +57,7 @@ class Incident:
     evidence: str | None = None  # the stacks' decision: stuck | working | undecided
     held_since: float | None = None  # wall time the restart was first held because the stacks showed work
     unseen: str = ""  # blind: what cannot be seen, "page" or "node:<name>" (watchdog.act.blind)
+    in_hand: bool = False  # being restarted within the budget (its alerts a warning) until a restart fails or it ends
 
 
 @dataclass(slots=True)

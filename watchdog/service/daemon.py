@@ -76,8 +76,8 @@ class Daemon:
         self.state_dir = state_dir
         self.url = base_url(cfg.engine.url)
         self.notifier = notifier or Notifier()
-        self.exporter = Exporter(probes=ProbeSettings(cfg.exporter.live_after,
-                                                      stale_after(cfg.scrape.interval, cfg.scrape.deadline)))
+        self.exporter = Exporter(probes=ProbeSettings(cfg.exporter.live_after, stale_after(
+            cfg.scrape.interval, cfg.scrape.deadline)), stack=cfg.engine.name)
         self.http = EngineHTTP(cfg.engine.url, cfg.scrape.limits(), cfg.api_key().reveal())
         self.events = EventLog(state_dir / "events.jsonl")
         self._trace: TraceWriter | None = None
@@ -114,6 +114,7 @@ class Daemon:
         watcher = build_watcher(self.cfg, self.http, sinks)
         if not once:
             self.act = Act(self.cfg, self.state_dir, self._act_event, self.http, self._down_bundle)
+            self.exporter.passes.sinks = self.act.delivering
         if self.cfg.gpu.enabled and not once:
             g = self.cfg.gpu
             self.gpu = GpuMonitor(NvmlSource(), g.interval, g.dense_interval, g.dense_for, g.keep_seconds)

@@ -13,12 +13,13 @@ from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from watchdog import __version__
 from watchdog.core.types import ProbeFinished, Scrape, State, Transition, Verdict
 from watchdog.evidence.gpu.readings import GpuSample
 from watchdog.service.probes import (
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 class Exporter:
-    def __init__(self, registry: CollectorRegistry | None = None, probes: ProbeSettings | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, probes: ProbeSettings | None = None,
+                 stack: str = "", host: str | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         # /readyz and /livez (watchdog.service.probes decides): the last pass as one tuple (verdicts, their clock, the
         # monotonic time it was handed over), so a probe never reads half of one pass and half of the next
@@ -45,6 +47,7 @@ class Exporter:
         self._incident: OpenIncident | None = None
         self._born = time.monotonic()
         self.state_problem: Callable[[], str] = lambda: ""  # the state directory's health (service.state_check)
+        self.passes = _PassValues()  # set by every pass as plain values; turned into metrics when exported
         # [[nodes]]: the verdicts with the other nodes' view laid over them (the daemon's respond step hands them
         # over) and since when each of those has been frozen or down: what the probes answer from, when set
         self._overlaid: tuple[list[Verdict], dict[str, float]] | None = None
@@ -56,7 +59,6 @@ class Exporter:
         self._response_shown: tuple[object, ...] = ()
         self.state = Gauge("watchdog_engine_state", "1 for the engine's current state, 0 for the others",
                            ["engine", "state"], registry=r)
-        self.passes = _PassValues()  # set by every pass as plain values; turned into metrics when exported
         r.register(self.passes)
         self.scrape_errors = Counter("watchdog_scrape_errors", "Failed scrapes by kind", ["kind"], registry=r)
         self.probes = Counter("watchdog_probes", "Probe generations by result", ["result"], registry=r)
@@ -70,6 +72,14 @@ class Exporter:
                                 "Seconds into the recovery in progress, by phase (restarting, proving); 0 when none",
                                 ["phase"], registry=r)
         self.incident_open = Gauge("watchdog_incident_open", "1 while an incident is open", registry=r)
+        # who this is, as the daemon's own Alertmanager alerts say it (the rules join it in: one page per incident)
+        Info("watchdog", "The watched stack ([engine] name), this host and the version", registry=r).info(
+            {"stack": stack, "host": socket.gethostname() if host is None else host, "version": __version__})
+        self.incident_info = Gauge("watchdog_incident_info", "1 for the open incident: its engine, id, kind and "
+                                   "alert severity (warning while restarted within the budget)",
+                                   ["engine", "incident_id", "kind", "severity"], registry=r)
+        self.pause_end = Gauge("watchdog_pause_end_timestamp_seconds", "When the pause ends (wall time); 0 when "
+                               "not paused or paused until `watchdog resume`", registry=r)
         self.blind = Gauge("watchdog_blind_seconds", "Seconds the watchdog has not seen it (what: page, or node:NAME); "
                            "0 once seen again (a blind incident opens at alerts.blind_after)", ["what"], registry=r)
         self._blind_shown: set[str] = set()
@@ -164,7 +174,8 @@ class Exporter:
         self._incident = (OpenIncident(str(inc.get("engine")), str(inc.get("id")), str(inc.get("phase", "open")))
                           if isinstance(inc, dict) else None)
         rec = status.get("recovery") or {}
-        shown = (status.get("paused"), status.get("budget_left"), status.get("gave_up"), bool(status.get("incident")),
+        shown = (status.get("paused"), status.get("paused_until"), status.get("budget_left"), status.get("gave_up"),
+                 json.dumps([inc, [b.get("incident") for b in status.get("blind") or ()]], sort_keys=True, default=str),
                  rec.get("phase"), rec.get("seconds"))
         if shown == self._response_shown:  # the same as last pass: nothing to set
             return
@@ -173,6 +184,15 @@ class Exporter:
         self.budget_left.set(float(status.get("budget_left", 0)))
         self.gave_up.set(1.0 if status.get("gave_up") else 0.0)
         self.incident_open.set(1.0 if status.get("incident") else 0.0)
+        until = status.get("paused_until")
+        self.pause_end.set(float(until) if status.get("paused") and isinstance(until, (int, float)) else 0.0)
+        self.incident_info.clear()
+        if isinstance(inc, dict):
+            self.incident_info.labels(str(inc.get("engine")), str(inc.get("id")), str(inc.get("kind")),
+                                      "warning" if inc.get("in_hand") else "critical").set(1.0)
+        for b in status.get("blind") or ():  # a blind incident is never acted on: a human is needed
+            if b.get("incident"):
+                self.incident_info.labels(str(b.get("engine")), str(b["incident"]), "blind", "critical").set(1.0)
         for phase in ("restarting", "proving"):
             self.recovering.labels(phase).set(float(rec.get("seconds", 0.0)) if rec.get("phase") == phase else 0.0)
 
@@ -285,6 +305,7 @@ class _PassValues(Collector):
         self.last_scrape = 0.0
         self.verdicts: list[Verdict] = []
         self.now = 0.0
+        self.sinks: Callable[[], list[tuple[str, str, bool]]] = list  # the alert sinks' delivery (act.alerts)
 
     def collect(self) -> Iterable[Metric]:
         verdicts, now = self.verdicts, self.now  # one pass's list and clock, read once
@@ -299,4 +320,8 @@ class _PassValues(Collector):
         for v in verdicts:
             since.add_metric([v.engine], float("nan") if v.last_progress is None else max(0.0, now - v.last_progress))
             stalled.add_metric([v.engine], v.stalled_for)
-        return [scrapes, last, since, stalled]
+        sinks = GaugeMetricFamily("watchdog_alert_sink_delivering", "1 while the sink's last alert was delivered (or "
+                                  "none was sent yet), 0 after one was given up on", labels=["sink", "kind"])
+        for name, kind, ok in self.sinks():
+            sinks.add_metric([name, kind], 1.0 if ok else 0.0)
+        return [scrapes, last, since, stalled, sinks]
