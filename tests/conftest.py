@@ -12,6 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.receiver import receiver  # noqa: F401  (a fixture: a real HTTP receiver on loopback)
+from watchdog.cli.config import CONFIG_ENV
+
+# No test's `watchdog` verb reads a config of the host's: a real /etc/engine-watchdog/config.toml (its restart steps,
+# its nodes) must never reach a test. /dev/null is the built-in defaults; a test that gives --config or its own
+# ENGINE_WATCHDOG_CONFIG still reads that one. Subprocesses (the harness's watchdogs, the demo) inherit it.
+os.environ[CONFIG_ENV] = os.devnull
 
 ENGINE_TESTS = Path(__file__).resolve().parent / "engine"
 

@@ -180,3 +180,22 @@ def test_the_writers_never_write_over_what_is_not_a_regular_file(tmp_path: Path)
 def test_config_without_a_subcommand_is_a_usage_error() -> None:
     r = watchdog_cli("config")
     assert r.returncode == 64 and "check" in r.stderr
+
+
+def test_config_get_prints_one_value_with_the_defaults_filled_in(tmp_path: Path) -> None:
+    path = config(tmp_path, '[engine]\nurl = "http://127.0.0.1:9000"\n' + NODE + STEPS)
+    got = {key: watchdog_cli("config", "get", key, "--config", path) for key in (
+        "engine.url", "state.dir", "capture.journal_unit", "nodes.0.host", "restart.steps.1.argv")}
+    assert {k: (r.returncode, r.stdout) for k, r in got.items()} == {
+        "engine.url": (0, "http://127.0.0.1:9000\n"), "state.dir": (0, "/var/lib/engine-watchdog\n"),
+        "capture.journal_unit": (0, "\n"), "nodes.0.host": (0, "10.0.0.2\n"),
+        "restart.steps.1.argv": (0, '["/usr/bin/systemctl", "restart", "vllm-worker.service"]\n')}
+    # the file the verbs read (the variable here), not only --config
+    env = {**os.environ, CONFIG_ENV: path}
+    assert watchdog_cli("config", "get", "engine.url", env=env).stdout == "http://127.0.0.1:9000\n"
+
+
+@pytest.mark.parametrize("key", ["engine.uri", "nodes.3.host", "bogus", "engine.url.x"])
+def test_config_get_of_an_unknown_key_is_exit_64_naming_it(tmp_path: Path, key: str) -> None:
+    r = watchdog_cli("config", "get", key, "--config", config(tmp_path, NODE))
+    assert r.returncode == 64 and r.stdout == "" and "no config key" in r.stderr, r

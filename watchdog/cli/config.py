@@ -1,4 +1,5 @@
-"""Which config file a verb reads, and ``watchdog config check [--config PATH] [--json]``.
+"""Which config file a verb reads, ``watchdog config check [--config PATH] [--json]`` and ``watchdog config get
+KEY``.
 
 The file is ``--config PATH``, else ``$ENGINE_WATCHDOG_CONFIG``, else /etc/engine-watchdog/config.toml (where the
 install puts it and the shipped unit reads it). A file named by the flag or the variable must exist. The default
@@ -10,6 +11,10 @@ an empty config. ``ENGINE_WATCHDOG_CONFIG=/dev/null`` reads no file and says not
 probe's API key file, each sink's URL and signing secret, the heartbeat URL; the values are dropped): exit 0 and
 ``config OK: PATH (1 engine, 2 nodes, 3 restart steps)``, or exit 64 and the error with its key, the daemon's own
 exit on that config. Nodes count this host and each ``[[nodes]]`` entry.
+
+``config get KEY`` prints one value of the config the verbs run with, defaults filled in (``engine.url``,
+``state.dir``, ``capture.journal_unit``, ``nodes.0.host``): for scripts and the runbooks' variables. A scalar as
+it is, anything else as JSON; an unknown key is exit 64 with the key named.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any, TextIO
 
 from watchdog.config.load import Config, ConfigError, load
@@ -101,11 +106,45 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def config_value(cfg: Config, key: str) -> object:
+    """The value at a dotted ``key`` (``section.field``, a list's items by index); a ConfigError naming it."""
+    value: object = cfg
+    for i, part in enumerate(key.split(".")):
+        where = ".".join(key.split(".")[:i + 1])
+        if isinstance(value, tuple | list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif is_dataclass(value) and not part.startswith("_") and hasattr(value, part):
+            value = getattr(value, part)
+        else:
+            raise ConfigError(f"no config key {where!r}" + ("" if i else " (sections: " + ", ".join(
+                f for f in type(cfg).__dataclass_fields__) + ")"))
+    return value
+
+
+def cmd_config_get(args: argparse.Namespace) -> int:
+    try:
+        value = config_value(load_config(args.config), args.key)
+    except ConfigError as e:
+        print(f"watchdog: config error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    scalar = value is None or isinstance(value, str | int | float | bool)
+    print(("" if value is None else value) if scalar else json.dumps(value, default=str))
+    return EXIT_OK
+
+
 def add_commands(sub: Any) -> None:
-    c = sub.add_parser("config", help="the config file: `config check` validates it (exit 0, or 64 naming the key)")
-    more = c.add_subparsers(dest="config_command", metavar="check", required=True)
+    c = sub.add_parser("config", help="the config file: `config check` validates it (exit 0, or 64 naming the key); "
+                                      "`config get KEY` prints one value")
+    more = c.add_subparsers(dest="config_command", metavar="{check,get}", required=True)
     chk = more.add_parser("check", help="load the config with the daemon's loader and read its secrets: exit 0 "
                                         "valid, 64 not (the key named); before a restart, in ExecStartPre")
     chk.add_argument("--config", help=CONFIG_HELP)
     chk.add_argument("--json", action="store_true", help="machine-readable output")
     chk.set_defaults(func=cmd_config_check)
+    get = more.add_parser("get", help="print one value of the config the verbs run with, defaults filled in "
+                                      "(engine.url, state.dir, capture.journal_unit, ...)")
+    get.add_argument("key", help="a dotted key: section.field, list items by index (nodes.0.host)")
+    get.add_argument("--config", help=CONFIG_HELP)
+    get.set_defaults(func=cmd_config_get)
