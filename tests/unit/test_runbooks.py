@@ -1,14 +1,19 @@
-"""The runbook pages (``runbooks/<name>.md``) held to the code they describe.
+"""The runbook pages (``runbooks/<name>.md``) held to the code they describe, and to a root shell.
 
-One page per `Runbook` value and no page without one; each page has the same four sections; every ``watchdog VERB
---flag`` a page names is a real subcommand and flag of the CLI's own parser; every config key a page names
-(``[section] key`` or ``section.key``) is a field of the config dataclasses; every relative link resolves (a
-``#anchor`` to a heading of the page it points at); the index (``runbooks/README.md``) links every page.
+One page per `Runbook` value and no page without one; each page has the same four sections; every config key a page
+names (``[section] key`` or ``section.key``) is a field of the config dataclasses; every relative link resolves (a
+``#anchor`` to a heading of the page it points at); the index (``runbooks/README.md``) links every page and has no
+commands of its own.
+
+Their shell (tests/unit/runbook_check.py checks it): one ```sh block at the top of each page sets every variable its
+commands use, and one ```sh kubectl block the Kubernetes ones; no placeholder word is left; on the host `watchdog`
+and `py-spy` are the install's (``$WATCHDOG``, ``$PYSPY``: not on root's PATH); every watchdog command line parses
+with the CLI's own parser, every py-spy line with the options py-spy's --help lists, and every container a kubectl
+line names is one of the shipped manifests'. Nothing is run but ``py-spy --help``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 import typing
@@ -16,49 +21,24 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.cli.main import _parser
+from tests.unit.runbook_check import FENCE, PYSPY, manifest_containers, shell_problems, spans, watchdog_problem
+from tests.unit.runbook_shell import blocks, pyspy_problem, pyspy_verbs
 from watchdog.config.load import Config
 from watchdog.core.runbooks import Runbook
 
-RUNBOOKS = Path(__file__).resolve().parents[2] / "runbooks"
+ROOT = Path(__file__).resolve().parents[2]
+RUNBOOKS = ROOT / "runbooks"
 INDEX = "README.md"
 SECTIONS = ("What the watchdog saw", "Confirm by hand", "What to do now", "Keep for the upstream report")
-MAX_LINES = 100  # read at 3 a.m.: short
+MAX_LINES = 115  # read at 3 a.m.: short (the two variable blocks at the top included)
 
-# Code: `spans` and fenced blocks. A command: "watchdog VERB ...", at the start or after a space, a path or a shell
-# separator, up to the end of the line or the next separator.
-_FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
-_SPAN = re.compile(r"`([^`\n]+)`")
-_COMMAND = re.compile(r"(?:^|(?<=[\s/;&|(]))watchdog[ \t]+([a-z][\w-]*)([^\n;&|)]*)")
-_FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
 _LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*$", re.MULTILINE)
 _FILE_SUFFIXES = {"md", "json", "jsonl", "csv", "txt", "toml", "pickle", "log", "py", "service"}
 
 
-def _pages() -> dict[str, str]:
-    return {p.name: p.read_text(encoding="utf-8") for p in sorted(RUNBOOKS.glob("*.md"))}
-
-
-def _code(text: str) -> list[str]:
-    blocks = _FENCE.findall(text)
-    rest = _FENCE.sub("", text)
-    return [*blocks, *_SPAN.findall(rest)]
-
-
-def commands(text: str) -> list[tuple[str, tuple[str, ...]]]:
-    """Every ``watchdog VERB [args]`` in the text's code: (verb, the --flags it uses)."""
-    out = []
-    for code in _code(text):
-        for m in _COMMAND.finditer(code):
-            out.append((m.group(1), tuple(_FLAG.findall(m.group(2)))))
-    return out
-
-
-def cli_verbs() -> dict[str, set[str]]:
-    """The CLI as its own parser builds it: each subcommand with its option strings."""
-    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return {verb: {s for a in sp._actions for s in a.option_strings} for verb, sp in sub.choices.items()}
+def _pages(where: Path = RUNBOOKS) -> dict[str, str]:
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(where.glob("*.md"))}
 
 
 def _fields_of(tp: object) -> tuple[type, bool] | None:
@@ -150,19 +130,16 @@ def test_each_page_has_the_four_sections_in_order_and_is_short(rb: Runbook) -> N
     assert len(text.splitlines()) <= MAX_LINES, f"{rb.value}: {len(text.splitlines())} lines"
 
 
-def test_every_command_a_page_names_is_a_real_subcommand_with_real_flags() -> None:
-    verbs = cli_verbs()
-    bad, seen = [], 0
-    for name, text in _pages().items():
-        for verb, flags in commands(text):
-            seen += 1
-            if verb not in verbs:
-                bad.append(f"{name}: `watchdog {verb}`: no such subcommand")
-                continue
-            bad += [f"{name}: `watchdog {verb} {flag}`: no such flag" for flag in flags
-                    if flag not in verbs[verb]]
-    assert bad == []
-    assert seen >= 2 * len(Runbook), "the pages name the commands to run (this check found too few to mean much)"
+def test_every_shell_line_works_as_pasted_from_the_top_blocks_variables() -> None:
+    pages = _pages()
+    index = pages.pop(INDEX)  # the index explains the conventions: no command of its own to set variables for
+    assert blocks(INDEX, index) == ([], []) and spans(INDEX, index) == [] and "```" not in FENCE.sub("", index)
+    check = shell_problems(pages)
+    assert check.problems == []
+    # enough was read for the check to mean something: every page has its commands, and its kubectl variant
+    assert check.parsed["watchdog"] >= 3 * len(Runbook), check.parsed
+    assert check.parsed["py-spy"] >= 10, check.parsed
+    assert check.parsed["kubectl"] >= 2 * len(Runbook), check.parsed
 
 
 def test_every_config_key_a_page_names_exists() -> None:
@@ -188,15 +165,116 @@ def test_every_link_resolves_and_the_index_names_every_page() -> None:
 
 # -- the checks themselves can fail --------------------------------------------------------------------------------
 
+GOOD_PAGE = """# Good
+
+```sh
+VENV=/opt/engine-watchdog/.venv; WATCHDOG=$VENV/bin/watchdog; PYSPY=$VENV/bin/py-spy
+STATE=$("$WATCHDOG" config get state.dir)
+PID=$(pgrep -o -f '^VLLM::EngineCore')
+```
+
+```sh kubectl
+NS=vllm
+POD=$(kubectl get pods -n "$NS" -l role=leader -o jsonpath='{.items[0].metadata.name}')
+```
+
+## Confirm by hand
+
+```sh
+"$WATCHDOG" status --json; ls "$STATE/incidents"
+for pid in $(pgrep -f '^VLLM::'); do "$PYSPY" dump --native --pid "$pid"; done > "stacks-$PID.txt" 2>&1
+```
+
+```sh kubectl
+kubectl exec -n "$NS" "$POD" -c engine-watchdog -- watchdog pause --for 15m --reason "a look"
+```
+
+Then `"$WATCHDOG" resume`, as the daemon says: "observe only until `watchdog reset`".
+"""
+
+BAD_PAGE = """# Bad
+
+```sh
+WATCHDOG=watchdog
+echo hello
+```
+
+## Confirm by hand
+
+```sh
+"$WATCHDOG" show ID --config $CFG
+"$WATCHDOG" dump --natve
+watchdog status
+"$PYSPY" dump --pid "$PID" --frobnicate
+"$WATCHDOG" check \\
+    --seconds soon
+```
+
+```sh kubectl
+kubectl exec -n "$NS" "$POD" -c sidecar -- watchdog pause --for never
+```
+
+```
+cp -a STATE_DIR/incidents/ID ~/
+```
+
+Then `"$WATCHDOG" resume --now` and `watchdog show ID --upstream`.
+"""
+
+
+KUBECTL_LINE = 'kubectl exec -n "$NS" "$POD" -c sidecar -- watchdog pause --for never'
+
+
+def test_the_shell_check_passes_a_good_page_and_names_every_fault_of_a_bad_one(tmp_path: Path) -> None:
+    (tmp_path / "good.md").write_text(GOOD_PAGE, encoding="utf-8")
+    (tmp_path / "bad.md").write_text(BAD_PAGE, encoding="utf-8")
+    check = shell_problems(_pages(tmp_path), {"engine-watchdog", "vllm-leader"})
+    assert [p for p in check.problems if p.startswith("good.md")] == []
+    assert check.parsed == {"watchdog": 5 + 6, "py-spy": 1 + 1, "kubectl": 2 + 1}  # good.md + bad.md
+    bad = [p for p in check.problems if p.startswith("bad.md")]
+    assert bad == [
+        "bad.md:23: a fenced block is ```sh or ```sh kubectl, not ```",
+        "bad.md: 0 ```sh kubectl blocks above the first section; one sets the variables, once",
+        "bad.md:5: the top block sets variables; this line sets none: echo hello",
+        "bad.md: WATCHDOG is watchdog, not the install's /opt/engine-watchdog/.venv/bin/watchdog",
+        "bad.md: the top ```sh kubectl block sets NS and POD",
+        "bad.md:11: $CFG is not set at the top of the page (```sh): \"$WATCHDOG\" show ID --config $CFG",
+        "bad.md:11: placeholder ID (a variable set at the top, or a command that finds it): "
+        "\"$WATCHDOG\" show ID --config $CFG",
+        "bad.md:12: does not parse (watchdog: error: unrecognized arguments: --natve): \"$WATCHDOG\" dump --natve",
+        "bad.md:13: watchdog is not on root's PATH: $WATCHDOG (set at the top): watchdog status",
+        "bad.md:14: $PID is not set at the top of the page (```sh): \"$PYSPY\" dump --pid \"$PID\" --frobnicate",
+        "bad.md:14: $PYSPY is not set at the top of the page (```sh): \"$PYSPY\" dump --pid \"$PID\" --frobnicate",
+        "bad.md:14: py-spy dump has no option --frobnicate: \"$PYSPY\" dump --pid \"$PID\" --frobnicate",
+        "bad.md:15: does not parse (watchdog check: error: argument --seconds: not a number of seconds: 'soon'): "
+        "\"$WATCHDOG\" check --seconds soon",
+        "bad.md:20: $NS is not set at the top of the page (```sh kubectl): " + KUBECTL_LINE,
+        "bad.md:20: $POD is not set at the top of the page (```sh kubectl): " + KUBECTL_LINE,
+        "bad.md:20: no container 'sidecar' in deploy/kubernetes (engine-watchdog, vllm-leader): " + KUBECTL_LINE,
+        "bad.md:20: does not parse (watchdog pause: error: argument --for: not a duration: 'never' (e.g. 90s, 30m, "
+        "2h, 1h30m)): " + KUBECTL_LINE,
+        "bad.md:27: does not parse (watchdog: error: unrecognized arguments: --now): \"$WATCHDOG\" resume --now",
+        "bad.md: `watchdog show ID --upstream`: placeholder ID",
+    ]
+
 
 def test_the_checks_catch_a_bad_command_a_bad_key_and_a_bad_link() -> None:
-    verbs = cli_verbs()
-    assert {"check", "dump", "show", "status", "reset", "pause", "nodes"} <= set(verbs)
-    assert "--url" in verbs["check"] and "--native" in verbs["dump"]
-    said = commands("run `watchdog frobnicate --now`, then\n```\nsudo /opt/x/bin/watchdog dump --native --url U\n```\n"
-                    "but not `engine-watchdog status` nor `watchdog_engine_state`")
-    assert said == [("dump", ("--native", "--url")), ("frobnicate", ("--now",))]
-    assert "frobnicate" not in verbs
+    assert watchdog_problem(["show", "20261201T100643Z", "--upstream"]) is None
+    assert watchdog_problem(["--version"]) is None
+    assert watchdog_problem(["frobnicate", "--now"]) == (
+        "watchdog: error: argument command: invalid choice: 'frobnicate' (choose from 'check', 'run', 'record', "
+        "'replay', 'dump', 'explain', 'incidents', 'show', 'report', 'pause', 'resume', 'reset', 'status', 'nodes', "
+        "'init', 'config')")
+    assert watchdog_problem(["show", "X", "--upstream", "--json"]) == (
+        "watchdog show: error: argument --json: not allowed with argument --upstream")
+    verbs = pyspy_verbs(PYSPY)
+    assert {"dump", "top", "record"} <= set(verbs) and verbs["dump"].long["--pid"] and not verbs["dump"].positionals
+    assert pyspy_problem(["record", "-p", "1", "-d", "20", "--format", "speedscope", "-o", "x.json"], verbs) is None
+    assert pyspy_problem(["dump", "--pid"], verbs) == "py-spy dump --pid needs a value"
+    assert pyspy_problem(["dump", "-x", "1"], verbs) == "py-spy dump has no option -x"
+    assert pyspy_problem(["dump", "1"], verbs) == "py-spy dump takes no argument '1'"
+    assert pyspy_problem(["flame"], verbs) == "no py-spy subcommand 'flame' (py-spy has dump, record, top)"
+    assert {"engine-watchdog", "vllm-leader", "vllm-worker"} <= manifest_containers()
     keys = config_keys()
     assert {"judge", "restart", "restart.steps", "alerts", "alerts.sinks", "nodes", "gpu"} <= set(keys)
     refs = config_refs("`[judge] stall_window`, `restart.budgett`, `[[nodes]] liveness_stale`, gpu.jsonl, "
