@@ -81,81 +81,74 @@ def blocks(page: str, text: str) -> tuple[list[Line], list[str]]:
     return lines, bad
 
 
+def quoting(s: str) -> list[tuple[int, str, str]]:
+    """Each character of ``s`` as bash reads it: (index, character, the quote it is inside: ``'``, ``"`` or "").
+    A backslash outside single quotes takes the next character with it (neither is listed); the quote characters
+    themselves are listed inside the quote they open or close."""
+    out: list[tuple[int, str, str]] = []
+    i, quote = 0, ""
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if c in "'\"" and quote in ("", c):
+            quote = "" if quote else c
+            out.append((i, c, c))
+        else:
+            out.append((i, c, quote))
+        i += 1
+    return out
+
+
+def _single_quoted(s: str) -> set[int]:
+    """The indexes inside '...' (where ``$`` expands nothing)."""
+    return {i for i, _c, quote in quoting(s) if quote == "'"}
+
+
 def strip_comment(line: str) -> str:
-    sq = dq = False
-    for i, c in enumerate(line):
-        if c == "'" and not dq:
-            sq = not sq
-        elif c == '"' and not sq:
-            dq = not dq
-        elif c == "#" and not sq and not dq and (i == 0 or line[i - 1].isspace()):
+    for i, c, quote in quoting(line):
+        if c == "#" and not quote and (i == 0 or line[i - 1].isspace()):
             return line[:i].rstrip()
     return line
 
 
 def _close(s: str, i: int) -> int:
     """The index of the ``)`` that ends the ``$(`` whose body starts at ``i``."""
-    depth, sq, dq = 1, False, False
-    while i < len(s):
-        c = s[i]
-        if c == "\\" and not sq:
-            i += 2
-            continue
-        if c == "'" and not dq:
-            sq = not sq
-        elif c == '"' and not sq:
-            dq = not dq
-        elif not sq and not dq and c == "(":
-            depth += 1
-        elif not sq and not dq and c == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
+    depth = 1
+    for j, c, quote in quoting(s[i:]):
+        depth += (c == "(" and not quote) - (c == ")" and not quote)
+        if depth == 0:
+            return i + j
     raise ValueError(f"unclosed $( in {s!r}")
 
 
 def pieces(line: str) -> list[str]:
     """The line with each ``$(...)`` replaced by a word, then each ``$(...)``'s body, nested ones in turn."""
-    out, bodies, i, sq, dq = [], [], 0, False, False
-    while i < len(line):
-        c = line[i]
-        if c == "\\" and not sq:
-            out.append(line[i:i + 2])
-            i += 2
+    single = _single_quoted(line)
+    out, bodies, i = [], [], 0
+    while (at := line.find("$(", i)) >= 0:
+        if at in single or (at > 0 and line[at - 1] == "\\"):
+            out.append(line[i:at + 2])
+            i = at + 2
             continue
-        if c == "'" and not dq:
-            sq = not sq
-        elif c == '"' and not sq:
-            dq = not dq
-        elif not sq and line.startswith("$(", i):
-            end = _close(line, i + 2)
-            bodies.append(line[i + 2:end])
-            out.append(SUBST)
-            i = end + 1
-            continue
-        out.append(c)
-        i += 1
+        end = _close(line, at + 2)
+        out += [line[i:at], SUBST]
+        bodies.append(line[at + 2:end])
+        i = end + 1
+    out.append(line[i:])
     return ["".join(out), *(p for body in bodies for p in pieces(body))]
 
 
 def expansions(piece: str) -> set[str]:
     """The variables a piece (no ``$(`` left in it) expands: ``$NAME`` and ``${NAME...}`` outside single quotes."""
-    names, i, sq, dq = set(), 0, False, False
-    while i < len(piece):
-        c = piece[i]
-        if c == "\\" and not sq:
-            i += 2
-            continue
-        if c == "'" and not dq:
-            sq = not sq
-        elif c == '"' and not sq:
-            dq = not dq
-        elif c == "$" and not sq:
+    single = _single_quoted(piece)
+    names = set()
+    for i, c, _quote in quoting(piece):
+        if c == "$" and i not in single:
             m = _NAME.match(piece, i + 2 if piece.startswith("${", i) else i + 1)
             if m:
                 names.add(m.group(0))
-        i += 1
     return names
 
 
