@@ -18,6 +18,7 @@ from watchdog.cli import evidence as triage
 from watchdog.cli import init as starting
 from watchdog.cli import nodes
 from watchdog.cli import service as watch
+from watchdog.cli.version import VersionAction
 from watchdog.config.load import Config, ConfigError
 from watchdog.service.sdnotify import setup_logging
 from watchdog.service.trace import TraceError
@@ -55,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="watchdog", description="Notices when a vLLM engine stops producing tokens.")
-    p.add_argument("--version", action="version", version=f"engine-watchdog {__version__}")
+    p.add_argument("--version", action=VersionAction)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = p.add_subparsers(dest="command", required=True)
 
