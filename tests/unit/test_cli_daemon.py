@@ -240,7 +240,10 @@ def test_version_comes_from_pyproject_through_the_package_metadata(receiver: Cal
     version = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["project"]["version"]
     assert watchdog.__version__ == version
     r = run_cli("--version")
-    assert r.returncode == 0 and r.stdout.strip() == f"engine-watchdog {version}"
+    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          timeout=30, check=True).stdout.strip()
+    # an editable install of this checkout: the commit is the checkout's own (tests/unit/test_release.py: builds)
+    assert r.returncode == 0 and r.stdout.startswith(f"engine-watchdog {version} (commit {head}"), r.stdout
     # bundles: the manifest's versions come from context.engine_versions (here no engine answers /version)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
