@@ -1,0 +1,355 @@
+"""The production host install (scripts/install runs it with the CPython the venv is made from): docs/install.md.
+
+The venv is made beside the one in use (/opt/engine-watchdog/.venvs/STAMP) and /opt/engine-watchdog/.venv, a link,
+is pointed at it only once its `watchdog --version` and `py-spy --version` ran: a failed upgrade leaves the running
+install as it was. Config, secrets and state are never replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import host_common as hc
+from host_common import Failure, say
+
+SOURCE = Path(__file__).resolve().parents[2]  # the unpacked sdist or git checkout scripts/install lives in
+DISTRO_SYSTEMD = Path("/usr/lib/python3/dist-packages/systemd")
+MINOR = f"{sys.version_info[0]}.{sys.version_info[1]}"  # of the python running this, the venv's
+DOCS = ("README.md", "docs", "runbooks")
+UNINSTALLER = ("scripts/uninstall", "deploy/install/find_python.sh", "deploy/install/host_common.py",
+               "deploy/install/host_uninstall.py")
+ENV_TEMPLATE = """\
+# engine-watchdog's secrets: the unit's EnvironmentFile=, read by systemd, never by config.toml. KEY=value lines:
+# VLLM_API_KEY=...             when vLLM runs with --api-key (probe.api_key_env)
+# WATCHDOG_WEBHOOK_URL=...     an alert sink's url_env
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        hc.fail(message, 64)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = Parser(prog="scripts/install", description="Install engine-watchdog on this host (docs/install.md).")
+    p.add_argument("--python", metavar="PATH", help="the CPython >= 3.11 to make the venv with (default python3)")
+    p.add_argument("--wheel", metavar="FILE", type=Path, help="install this wheel instead of building this directory")
+    p.add_argument("--find-links", metavar="DIR", type=Path, help="offline: wheels from DIR only, no package index")
+    p.add_argument("--no-packages", action="store_true", help="install no system package (fail if one is needed)")
+    p.add_argument("--list-packages", action="store_true", help="print the system packages it may install, and exit")
+    return p.parse_args(argv)
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    needed = ["systemd/engine-watchdog.service", "systemd/config.example.toml", "README.md"]
+    if args.wheel is None:
+        needed.append("pyproject.toml")
+    for rel in needed:
+        if not (SOURCE / rel).is_file():
+            raise Failure(f"{SOURCE / rel} is missing: run scripts/install from an unpacked sdist or a git checkout")
+    if args.wheel is not None:
+        wheel = args.wheel
+        if wheel.suffix != ".whl":
+            raise Failure(f"--wheel {wheel}: not a wheel (*.whl)")
+        try:
+            with wheel.open("rb") as f:
+                f.read(4)
+        except OSError as exc:
+            raise Failure(f"--wheel {wheel}: cannot read it: {exc.strerror or exc}") from exc
+        args.wheel = wheel.resolve()
+    if args.find_links is not None:
+        if not args.find_links.is_dir() or not os.access(args.find_links, os.R_OK | os.X_OK):
+            raise Failure(f"--find-links {args.find_links}: not a readable directory")
+        args.find_links = args.find_links.resolve()
+
+
+def check_target(record: dict[str, Any] | None) -> None:
+    """Refuse an /opt/engine-watchdog the install did not make (a git checkout of the developers' set-up)."""
+    if record is None and hc.OPT.is_dir() and any(hc.OPT.iterdir()):
+        raise Failure(f"{hc.OPT} holds files no install recorded (no {hc.RECORD.name}): move it away first")
+    if hc.VENV_LINK.exists() and not hc.VENV_LINK.is_symlink():
+        raise Failure(f"{hc.VENV_LINK} is a directory, not the install's link to its venv: move it away first")
+
+
+def is_distro_python() -> bool:
+    """The venv's base is Debian's python3 (same minor version): the only one python3-* packages serve."""
+    distro = Path("/usr/bin/python3")
+    if sys.base_prefix != "/usr" or not distro.exists():
+        return False
+    if distro.resolve() == Path(sys.executable).resolve():
+        return True
+    r = hc.run([str(distro), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], 30)
+    return r.stdout.strip() == MINOR
+
+
+def system_packages(args: argparse.Namespace, distro: bool) -> None:
+    """Install the absent ones among PACKAGES, and record them with every package that became installed."""
+    if args.no_packages:
+        say("system packages: none (--no-packages)")
+        return
+    if not hc.has_apt():
+        raise Failure("no apt-get here: install python3's venv module yourself and run with --no-packages "
+                      "(docs/install.md: other distributions)")
+    if not distro:
+        say(f"system packages: none ({sys.executable} is not the distro's python3, which they would serve)")
+        return
+    before = hc.package_states()
+    absent = [name for name in hc.PACKAGES if before.get(name) != "ii"]
+    if not absent:
+        say(f"system packages: {' '.join(hc.PACKAGES)} already installed")
+        return
+    say(f"system packages: apt-get install --no-install-recommends {' '.join(absent)}")
+    argv = ("install", "-y", "--no-install-recommends", *absent)
+    r = hc.apt_get(*argv)
+    if r.returncode != 0 and any(s in r.stdout for s in ("Unable to locate package", "no installation candidate",
+                                                         "is not available", "Failed to fetch")):
+        say("  apt has no current package lists: apt-get update")
+        update = hc.apt_get("update", timeout=600)
+        if update.returncode != 0:
+            say(hc.tail(update.stdout))
+            raise Failure(f"apt-get update failed (exit {update.returncode}): {hc.last_line(update.stdout)}")
+        r = hc.apt_get(*argv)
+    added = sorted(name for name in hc.installed_packages() if before.get(name) != "ii")
+    # Written at once, so that an install failing later still lets uninstall remove them. Those that had config
+    # files left from an earlier removal get them back when removed again; the others are purged.
+    record = hc.read_record() or {}
+    packages = record.setdefault("packages", {})
+    packages["requested"] = hc.merged(packages.get("requested", []), absent)
+    packages["installed"] = hc.merged(packages.get("installed", []), added)
+    packages["had_config"] = hc.merged(packages.get("had_config", []),
+                                       (name for name in added if before.get(name) == "rc"))
+    hc.write_record(record)
+    if r.returncode != 0:
+        say(hc.tail(r.stdout))
+        raise Failure(f"apt-get install {' '.join(absent)} failed (exit {r.returncode}): {hc.last_line(r.stdout)}")
+    say(f"  added {len(added)}: {' '.join(added)}")
+
+
+def check_venv_module(args: argparse.Namespace, distro: bool) -> None:
+    if importlib.util.find_spec("venv") and importlib.util.find_spec("ensurepip"):
+        return
+    if distro and hc.has_apt():
+        hint = "python3-venv is not installed" + (" (--no-packages)" if args.no_packages else "")
+    else:
+        hint = f"install its venv module (Debian, Ubuntu: python{MINOR}-venv)"
+    raise Failure(f"{sys.executable} cannot make a venv with pip (no ensurepip): {hint}")
+
+
+def build_venv(args: argparse.Namespace) -> tuple[Path, str]:
+    """A new venv under VENVS with the watchdog, py-spy and their dependencies, checked: (its path, --version)."""
+    hc.VENVS.mkdir(mode=0o755, parents=True, exist_ok=True)
+    venv = hc.VENVS / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    while venv.exists():
+        venv = venv.with_name(venv.name + "x")
+    try:
+        r = hc.run([sys.executable, "-m", "venv", str(venv)], 300)
+        if r.returncode != 0:
+            raise Failure(f"{sys.executable} -m venv failed (exit {r.returncode}): {hc.last_line(r.stdout)}")
+        what = str(args.wheel or SOURCE)
+        index = ["--no-index", "--find-links", str(args.find_links)] if args.find_links else []
+        say(f"venv: {venv}: pip install {what}" + (f" (wheels from {args.find_links} only)" if index else ""))
+        # Dependencies as wheels only (no compiler on the host); the watchdog itself is built from SOURCE.
+        r = hc.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                    "--no-cache-dir", "--no-input", "--only-binary=:all:", *index, what], 1800)
+        if r.returncode != 0:
+            say(hc.tail(r.stdout))
+            raise Failure(f"pip install failed (exit {r.returncode}): {hc.last_line(r.stdout)}")
+        version = hc.run([str(venv / "bin" / "watchdog"), "--version"], 60)
+        if version.returncode != 0 or not version.stdout.startswith("engine-watchdog "):
+            raise Failure(f"the new venv's watchdog --version failed: {hc.last_line(version.stdout)}")
+        pyspy = hc.run([str(venv / "bin" / "py-spy"), "--version"], 60)
+        if pyspy.returncode != 0:
+            raise Failure(f"the new venv's py-spy --version failed: {hc.last_line(pyspy.stdout)}")
+        say(f"  {version.stdout.strip()}, {pyspy.stdout.strip()}")
+        return venv, version.stdout.strip()
+    except BaseException:
+        shutil.rmtree(venv, ignore_errors=True)
+        raise
+
+
+def link_systemd_python(venv: Path, distro: bool) -> str:
+    """The distro's python3-systemd in the venv, where its compiled modules fit the venv's python."""
+    if not distro:
+        note = f"skipped: {sys.executable} is not the distro's python3"
+    elif not DISTRO_SYSTEMD.is_dir():
+        note = f"skipped: no {DISTRO_SYSTEMD} (python3-systemd not installed)"
+    else:
+        site = venv / "lib" / f"python{MINOR}" / "site-packages" / "systemd"
+        site.symlink_to(DISTRO_SYSTEMD)
+        r = hc.run([str(venv / "bin" / "python"), "-c", "from systemd import daemon, journal"], 60,
+                   env={"PYTHONDONTWRITEBYTECODE": "1"})
+        if r.returncode == 0:
+            note = f"linked {DISTRO_SYSTEMD}"
+        else:
+            site.unlink()
+            note = f"skipped: the distro's module does not import here: {hc.last_line(r.stdout)}"
+    if note.startswith("skipped"):
+        note += " (the watchdog sends sd_notify itself and logs to stderr, which the journal keeps)"
+    say(f"systemd-python: {note}")
+    return note
+
+
+def precheck_config(venv: Path, running: bool) -> None:
+    """An upgrade's new version reads the config in place before it replaces the running one."""
+    if not hc.CONFIG.exists():
+        return
+    r = hc.run([str(venv / "bin" / "watchdog"), "config", "check", "--config", str(hc.CONFIG)], 120)
+    if r.returncode == 0:
+        return
+    if running:
+        shutil.rmtree(venv, ignore_errors=True)
+        raise Failure(f"the new version refuses {hc.CONFIG}: {hc.last_line(r.stdout)}; "
+                      "the running install is unchanged")
+    say(f"warning: the new version refuses {hc.CONFIG}: {hc.last_line(r.stdout)}")
+
+
+def point_link(target: Path) -> None:
+    staged = hc.OPT / ".venv.link"
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(target.relative_to(hc.OPT))
+    staged.replace(hc.VENV_LINK)  # rename(2): the link is the old venv or the new one, never missing
+
+
+def copy_files(created: list[str]) -> None:
+    """Docs and the uninstaller under OPT; the unit; config, env and state only where absent."""
+    if SOURCE != hc.OPT:
+        for name in (*DOCS, *UNINSTALLER):
+            src, dst = SOURCE / name, hc.OPT / name
+            if dst.is_dir() and not dst.is_symlink():
+                shutil.rmtree(dst)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            elif src.is_file():
+                shutil.copy2(src, dst)
+        shutil.copy2(SOURCE / "systemd" / "config.example.toml", hc.OPT / "config.example.toml")
+    hc.UNIT.parent.mkdir(parents=True, exist_ok=True)
+    staged = hc.UNIT.with_name(hc.UNIT.name + ".partial")
+    shutil.copyfile(SOURCE / "systemd" / "engine-watchdog.service", staged)
+    staged.chmod(0o644)
+    staged.replace(hc.UNIT)
+    say(f"unit: {hc.UNIT}")
+    if not hc.ETC.exists():
+        hc.ETC.mkdir(mode=0o755, parents=True)
+        created.append(str(hc.ETC))
+    if hc.CONFIG.exists():
+        say(f"config: {hc.CONFIG} kept")
+    else:
+        shutil.copyfile(SOURCE / "systemd" / "config.example.toml", hc.CONFIG)
+        hc.CONFIG.chmod(0o644)
+        created.append(str(hc.CONFIG))
+        say(f"config: {hc.CONFIG} (from systemd/config.example.toml)")
+    if hc.ENV_FILE.exists():
+        say(f"secrets: {hc.ENV_FILE} kept")
+    else:
+        fd = os.open(hc.ENV_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(ENV_TEMPLATE)
+        created.append(str(hc.ENV_FILE))
+        say(f"secrets: {hc.ENV_FILE} (0600, the unit's EnvironmentFile)")
+    if hc.STATE.exists():
+        say(f"state: {hc.STATE} kept")
+    else:
+        hc.STATE.mkdir(mode=0o750, parents=True)
+        hc.STATE.chmod(0o750)
+        created.append(str(hc.STATE))
+        say(f"state: {hc.STATE} (0750)")
+
+
+def restart_or_roll_back(old_venv: Path | None, old_unit: str | None) -> str:
+    """try-restart onto the new venv; if it fails to start, back onto the old venv and unit, and fail."""
+    r = hc.systemctl("try-restart", hc.UNIT_NAME, timeout=300)
+    if r is not None and r.returncode == 0:
+        return f"{hc.UNIT_NAME} was running: restarted on the new version"
+    detail = hc.last_line(r.stdout) if r is not None else "no systemctl"
+    if old_venv is None:
+        raise Failure(f"systemctl try-restart {hc.UNIT_NAME} failed: {detail}")
+    point_link(old_venv)
+    if old_unit is not None:
+        hc.UNIT.write_text(old_unit)
+    hc.daemon_reload()
+    hc.systemctl("try-restart", hc.UNIT_NAME, timeout=300)
+    raise Failure(f"{hc.UNIT_NAME} did not restart on the new version ({detail}): back on the previous one; "
+                  f"journalctl -u {hc.UNIT_NAME}")
+
+
+def install(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    record = hc.read_record()
+    check_target(record)
+    old_venv = hc.VENV_LINK.resolve() if hc.VENV_LINK.is_symlink() and hc.VENV_LINK.exists() else None
+    distro = is_distro_python()
+    say(f"engine-watchdog install from {args.wheel or SOURCE} with {sys.executable} "
+        f"(CPython {'.'.join(map(str, sys.version_info[:3]))})" + (f", upgrading {old_venv}" if old_venv else ""))
+    opt_created = not hc.OPT.exists()
+    system_packages(args, distro)
+    check_venv_module(args, distro)
+    try:
+        venv, version = build_venv(args)
+    except Failure as exc:
+        if opt_created and not hc.RECORD.exists():
+            shutil.rmtree(hc.OPT, ignore_errors=True)
+        left = f"the install in {hc.OPT} is unchanged" if old_venv else "nothing installed"
+        if hc.RECORD.exists() and not old_venv:
+            left += f" but the system packages (recorded in {hc.RECORD}: scripts/uninstall removes them)"
+        raise Failure(f"{exc}; {left}") from exc
+    systemd_note = link_systemd_python(venv, distro)
+    running = old_venv is not None and hc.unit_active()
+    precheck_config(venv, running)
+    old_unit = hc.UNIT.read_text() if hc.UNIT.exists() else None
+    point_link(venv)
+    say(f"venv: {hc.VENV_LINK} -> {venv.relative_to(hc.OPT)}")
+    created: list[str] = [str(hc.OPT)] if opt_created else []
+    if old_unit is None:
+        created.append(str(hc.UNIT))
+    copy_files(created)
+    hc.daemon_reload()
+    outcome = restart_or_roll_back(old_venv, old_unit) if running else "nothing started"
+    for stale in hc.VENVS.iterdir():
+        if stale != venv:
+            shutil.rmtree(stale, ignore_errors=True)
+    record = hc.read_record() or {}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    history = [*record.get("history", []), {"at": now, "version": version, "python": sys.executable}]
+    record.update({
+        "version": version, "installed_at": now, "python": sys.executable,
+        "python_version": ".".join(map(str, sys.version_info[:3])), "venv": str(venv.relative_to(hc.OPT)),
+        "source": str(args.wheel or SOURCE), "systemd_python": systemd_note,
+        "created": hc.merged(record.get("created", []), created), "history": history,
+    })
+    record.setdefault("packages", {"requested": [], "installed": [], "had_config": []})
+    hc.write_record(record)
+    say(f"record: {hc.RECORD}")
+    verb = "upgraded to" if old_venv else "installed"
+    say(f"{verb} {version} in {time.monotonic() - started:.0f} s; {outcome}.")
+    say("next:")
+    say(f"  edit {hc.CONFIG} (secrets in {hc.ENV_FILE}): {hc.OPT}/README.md, Configure")
+    say(f"  {hc.VENV_LINK}/bin/watchdog config check")
+    say("  systemctl enable --now engine-watchdog" if not running else "  systemctl status engine-watchdog")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    if args.list_packages:
+        print("\n".join(hc.PACKAGES))
+        return 0
+    hc.require_root()
+    os.umask(0o022)
+    try:
+        check_inputs(args)
+        return install(args)
+    except Failure as exc:
+        hc.fail(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
