@@ -264,21 +264,24 @@ def copy_files(created: list[str]) -> None:
         say(f"state: {hc.STATE} (0750)")
 
 
-def restart_or_roll_back(old_venv: Path | None, old_unit: str | None) -> str:
+def restart_or_roll_back(venv: Path, old_venv: Path | None, old_unit: str | None) -> str:
     """try-restart onto the new venv; if it fails to start, back onto the old venv and unit, and fail."""
     r = hc.systemctl("try-restart", hc.UNIT_NAME, timeout=300)
     if r is not None and r.returncode == 0:
         return f"{hc.UNIT_NAME} was running: restarted on the new version"
-    detail = hc.last_line(r.stdout) if r is not None else "no systemctl"
+    detail = r.stdout.strip().splitlines()[0] if r is not None and r.stdout.strip() else "no systemctl"
     if old_venv is None:
         raise Failure(f"systemctl try-restart {hc.UNIT_NAME} failed: {detail}")
     point_link(old_venv)
+    shutil.rmtree(venv, ignore_errors=True)
     if old_unit is not None:
         hc.UNIT.write_text(old_unit)
     hc.daemon_reload()
-    hc.systemctl("try-restart", hc.UNIT_NAME, timeout=300)
-    raise Failure(f"{hc.UNIT_NAME} did not restart on the new version ({detail}): back on the previous one; "
-                  f"journalctl -u {hc.UNIT_NAME}")
+    hc.systemctl("reset-failed", hc.UNIT_NAME)  # the failed starts count against the unit's start limit
+    back = hc.systemctl("restart", hc.UNIT_NAME, timeout=300)
+    state = "running the previous version" if back is not None and back.returncode == 0 else "not running"
+    raise Failure(f"{hc.UNIT_NAME} did not restart on the new version ({detail}): back on the previous venv and "
+                  f"unit, {state}; journalctl -u {hc.UNIT_NAME}")
 
 
 def install(args: argparse.Namespace) -> int:
@@ -312,7 +315,7 @@ def install(args: argparse.Namespace) -> int:
         created.append(str(hc.UNIT))
     copy_files(created)
     hc.daemon_reload()
-    outcome = restart_or_roll_back(old_venv, old_unit) if running else "nothing started"
+    outcome = restart_or_roll_back(venv, old_venv, old_unit) if running else "nothing started"
     for stale in hc.VENVS.iterdir():
         if stale != venv:
             shutil.rmtree(stale, ignore_errors=True)
@@ -342,10 +345,10 @@ def main(argv: list[str]) -> int:
     if args.list_packages:
         print("\n".join(hc.PACKAGES))
         return 0
-    hc.require_root()
-    os.umask(0o022)
     try:
         check_inputs(args)
+        hc.require_root()
+        os.umask(0o022)
         return install(args)
     except Failure as exc:
         hc.fail(str(exc))
