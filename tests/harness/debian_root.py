@@ -36,6 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 HOST_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
        "DEBIAN_FRONTEND": "noninteractive"}
+# Inside a root, the host's CA bundle (host_ca_env): a network that re-signs TLS (a proxy) is trusted as on the host.
+HOST_CA_INSIDE = "/etc/host-ca-certificates.crt"
 
 
 def roots_dir() -> Path:
@@ -148,6 +150,16 @@ class DebianRoot:
         if r.returncode != 0:
             raise RuntimeError(f"dpkg-query failed: {r.stderr[-800:]}")
         return {line.split("\t")[1] for line in r.stdout.splitlines() if line.startswith("ii")}
+
+    def host_ca_env(self) -> dict[str, str]:
+        """The host's CA bundle copied into the root (HOST_CA_INSIDE), and the variables that make pip, requests and
+        Python's ssl trust it: for `run(..., env=)`, so HTTPS (PyPI) inside works wherever it works on the host. The
+        root's own trust store is left as it is; {} when the host has no bundle."""
+        bundle = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+        if not bundle.is_file():
+            return {}
+        shutil.copyfile(bundle, self.host_path(HOST_CA_INSIDE))
+        return {name: HOST_CA_INSIDE for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")}
 
     def host_path(self, inside: str) -> Path:
         return self.path / inside.lstrip("/")
