@@ -6,6 +6,7 @@ every program run as an argv list with a timeout. docs/install.md says what goes
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -41,6 +42,14 @@ def fail(message: str, code: int = 1) -> NoReturn:
     name = "scripts/" + Path(sys.argv[0]).stem.removeprefix("host_")
     print(f"{name}: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors exit 64 (EX_USAGE), as the watchdog's own."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        fail(message, 64)
 
 
 def say(message: str) -> None:
@@ -104,6 +113,14 @@ def write_record(record: Mapping[str, Any]) -> None:
     partial = RECORD.with_name(RECORD.name + ".partial")
     partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     partial.replace(RECORD)
+
+
+def point_link(target: Path) -> None:
+    """VENV_LINK to `target` by rename(2): it names the old venv or the new one, never nothing."""
+    staged = OPT / ".venv.link"
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(target.relative_to(OPT))
+    staged.replace(VENV_LINK)
 
 
 def merged(old: Iterable[str], new: Iterable[str]) -> list[str]:

@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import host_common as hc
 from host_common import Failure, say
@@ -32,14 +32,8 @@ ENV_TEMPLATE = """\
 """
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        hc.fail(message, 64)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = Parser(prog="scripts/install", description="Install engine-watchdog on this host (docs/install.md).")
+    p = hc.Parser(prog="scripts/install", description="Install engine-watchdog on this host (docs/install.md).")
     p.add_argument("--python", metavar="PATH", help="the CPython >= 3.11 to make the venv with (default python3)")
     p.add_argument("--wheel", metavar="FILE", type=Path, help="install this wheel instead of building this directory")
     p.add_argument("--find-links", metavar="DIR", type=Path, help="offline: wheels from DIR only, no package index")
@@ -211,13 +205,6 @@ def precheck_config(venv: Path, running: bool) -> None:
     say(f"warning: the new version refuses {hc.CONFIG}: {hc.last_line(r.stdout)}")
 
 
-def point_link(target: Path) -> None:
-    staged = hc.OPT / ".venv.link"
-    staged.unlink(missing_ok=True)
-    staged.symlink_to(target.relative_to(hc.OPT))
-    staged.replace(hc.VENV_LINK)  # rename(2): the link is the old venv or the new one, never missing
-
-
 def copy_files(created: list[str]) -> None:
     """Docs and the uninstaller under OPT; the unit; config, env and state only where absent."""
     if SOURCE != hc.OPT:
@@ -272,7 +259,7 @@ def restart_or_roll_back(venv: Path, old_venv: Path | None, old_unit: str | None
     detail = r.stdout.strip().splitlines()[0] if r is not None and r.stdout.strip() else "no systemctl"
     if old_venv is None:
         raise Failure(f"systemctl try-restart {hc.UNIT_NAME} failed: {detail}")
-    point_link(old_venv)
+    hc.point_link(old_venv)
     shutil.rmtree(venv, ignore_errors=True)
     if old_unit is not None:
         hc.UNIT.write_text(old_unit)
@@ -308,7 +295,7 @@ def install(args: argparse.Namespace) -> int:
     running = old_venv is not None and hc.unit_active()
     precheck_config(venv, running)
     old_unit = hc.UNIT.read_text() if hc.UNIT.exists() else None
-    point_link(venv)
+    hc.point_link(venv)
     say(f"venv: {hc.VENV_LINK} -> {venv.relative_to(hc.OPT)}")
     created: list[str] = [str(hc.OPT)] if opt_created else []
     if old_unit is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import host_common as hc
 from host_common import Failure, say
@@ -18,14 +18,8 @@ from host_common import Failure, say
 DROP_INS = hc.UNIT.with_name(hc.UNIT_NAME + ".d")
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        hc.fail(message, 64)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = Parser(prog="scripts/uninstall", description="Remove what scripts/install added (docs/install.md).")
+    p = hc.Parser(prog="scripts/uninstall", description="Remove what scripts/install added (docs/install.md).")
     p.add_argument("--purge", action="store_true",
                    help=f"also remove {hc.ETC} (config, secrets) and {hc.STATE} (events, incidents)")
     return p.parse_args(argv)
