@@ -37,6 +37,7 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 PROJECT = HERE.parents[1]
@@ -221,13 +222,21 @@ def assemble(root: Path, wheel: Path, find_links: Path | None) -> list[str]:
 
 # -- docker ---------------------------------------------------------------------------------------------------------
 
-def labels_of(ref: str) -> dict[str, str] | None:
-    r = subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", ref],  # noqa: S607
+class Image(NamedTuple):
+    id: str
+    labels: dict[str, str]
+    size: int  # bytes, as docker counts them
+
+
+def inspect(ref: str) -> Image | None:
+    """What the daemon has under `ref`, or None."""
+    r = subprocess.run(["docker", "image", "inspect", "--format", "{{json .}}", ref],  # noqa: S607
                        capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         return None
-    found = json.loads(r.stdout or "null")
-    return found if isinstance(found, dict) else {}
+    found = json.loads(r.stdout)
+    return Image(str(found.get("Id", "")), dict((found.get("Config") or {}).get("Labels") or {}),
+                 int(found.get("Size") or 0))
 
 
 def docker_import(tar: Path, ref: str, labels: dict[str, str], message: str) -> str:
@@ -237,10 +246,6 @@ def docker_import(tar: Path, ref: str, labels: dict[str, str], message: str) -> 
                *(f"LABEL {k}={json.dumps(v)}" for k, v in sorted(labels.items()))]
     argv = ["docker", "import", "--message", message, *(a for c in changes for a in ("--change", c)), str(tar), ref]
     return run(argv, 900, "docker import").strip()
-
-
-def image_size(ref: str) -> int:
-    return int(run(["docker", "image", "inspect", "--format", "{{.Size}}", ref], 60, "docker image inspect"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -288,8 +293,9 @@ def build(a: argparse.Namespace) -> int:
                   "find_links": sorted(p.name for p in a.find_links.glob("*")) if a.find_links else []}
         key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
         ref = f"{a.name}:{version}"
-        if not a.force and (labels_of(ref) or {}).get(LABEL) == key:
-            print(f"{ref} is up to date (inputs {key[:16]}): nothing built; {image_size(ref) / 1e6:.0f} MB")
+        before = inspect(ref)
+        if not a.force and before is not None and before.labels.get(LABEL) == key:
+            print(f"{ref} is up to date (inputs {key[:16]}): nothing built; {before.size / 1e6:.0f} MB")
             return 0
         root = work / "root"
         root.mkdir()
@@ -300,8 +306,12 @@ def build(a: argparse.Namespace) -> int:
         labels = {LABEL: key, "org.opencontainers.image.title": "engine-watchdog",
                   "org.opencontainers.image.version": version, "org.opencontainers.image.revision": commit}
         image_id = docker_import(image_tar, ref, labels, f"{said[0]}; built by deploy/image/build.py")
+        if before is not None and before.id != image_id:  # the image replaced goes, unless another tag names it
+            subprocess.run(["docker", "image", "rm", before.id], capture_output=True, timeout=120,  # noqa: S607
+                           check=False, stdin=subprocess.DEVNULL)
+        after = inspect(ref)
         print("\n".join(said))
-        print(f"{ref} built ({image_id[:19]}, inputs {key[:16]}): {image_size(ref) / 1e6:.0f} MB")
+        print(f"{ref} built ({image_id[:19]}, inputs {key[:16]}): {(after.size if after else 0) / 1e6:.0f} MB")
     return 0
 
 

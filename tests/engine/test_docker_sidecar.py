@@ -10,7 +10,7 @@ from the test's tmp, where the events and bundles are read:
   sees only the container's processes, numbered as the container numbers them;
 - in the host's PID and network namespaces with the tests' Docker socket mounted: its docker restart step restarts
   the engine container. (A sidecar inside the engine's PID namespace dies with the engine's PID 1, so it cannot
-  prove its own restart: docs/docker.md.)
+  prove its own restart: docs/image.md.)
 """
 
 from __future__ import annotations
@@ -174,14 +174,17 @@ def stopped_rank_named(event: dict[str, Any], captured: dict[str, Any], m: dict[
 
 
 def test_the_image_is_built_once_and_runs_the_watchdog(setup: Setup) -> None:
-    """The builder's second run with the same inputs builds nothing; the image's entrypoint is the venv's watchdog
-    (its version and commit), with py-spy, a docker CLI and pkill, and no systemd."""
+    """The builder's second run with the same inputs builds nothing, and no image it replaced is left; the image's
+    entrypoint is the venv's watchdog (its version and commit), with py-spy, a docker CLI and pkill, no systemd."""
     said, seconds = build_image(setup.daemon, setup.wheel)
     assert "is up to date" in said and "nothing built" in said, said
     inspect = json.loads(setup.daemon.cli("image", "inspect", setup.image).stdout)[0]
     config = inspect["Config"]
     assert config["Entrypoint"] == ["/opt/engine-watchdog/.venv/bin/watchdog"] and config["Cmd"] == ["run"], config
     assert config["Labels"]["io.engine-watchdog.inputs"][:16] in said, config["Labels"]
+    replaced = setup.daemon.cli("images", "--quiet", "--filter", "dangling=true", "--filter",
+                                "label=io.engine-watchdog.inputs").stdout.split()
+    assert not replaced, replaced  # a build removes the image it untagged
     version = setup.image.rpartition(":")[2]
 
     def inside(*argv: str, entrypoint: str = "") -> str:
