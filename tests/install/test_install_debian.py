@@ -54,6 +54,9 @@ def _skip_reason(arch: str) -> str | None:
     if missing and foreign and wanted == "1":
         pytest.fail(f"WATCHDOG_TEST_ARM64=1 but this machine lacks: {', '.join(missing)} "
                     "(binfmt: apt-get install qemu-user-static binfmt-support)")
+    if missing and foreign:
+        return (f"needs {', '.join(missing)}: apt-get install qemu-user-static binfmt-support, or "
+                "WATCHDOG_TEST_ARM64=1 to make it a failure")
     return "needs " + ", ".join(missing) if missing else None
 
 
@@ -109,13 +112,15 @@ def _check_commands(root: DebianRoot, release: Release, page_url: str) -> None:
 def _allowed(root: DebianRoot, source: str) -> tuple[list[str], set[str]]:
     """What `scripts/install --list-packages` declares, and those packages with their dependencies (apt's view)."""
     declared = ok(root.run(["./scripts/install", "--list-packages"], cwd=source), "install --list-packages").split()
+    if not declared:
+        return [], set()
     argv = ["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts", "--no-breaks",
             "--no-replaces", "--no-enhances", *declared]
     r = root.run(argv, timeout=300)
     if r.returncode != 0:  # the install left no package lists behind: fetch them (the listing skips them)
         ok(root.run(["apt-get", "update", "-qq"], timeout=300), "apt-get update")
         r = root.run(argv, timeout=300)
-    return declared, closure(ok(r, "apt-cache depends")) if declared else set()
+    return declared, closure(ok(r, "apt-cache depends"))
 
 
 def _copy_in(root: DebianRoot, release: Release) -> str:
@@ -210,4 +215,4 @@ def test_install_upgrade_uninstall_as_an_operator(root: DebianRoot, suite: str, 
     assert not left, f"{where}: after uninstall --purge the root differs from the pristine one:\n{left}"
     times["uninstall"] = time.monotonic()
     spans = [f"{name} {end - began:.0f} s" for name, end in times.items()]
-    print(f"\n{where}: cumulative " + ", ".join(spans))
+    print(f"\n{where}: cumulative " + ", ".join(spans) + f"; packages added and removed: {' '.join(sorted(added))}")
