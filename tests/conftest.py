@@ -20,21 +20,26 @@ from watchdog.cli.config import CONFIG_ENV
 os.environ[CONFIG_ENV] = os.devnull
 
 ENGINE_TESTS = Path(__file__).resolve().parent / "engine"
+PHASE_NAMES = {0: "unit tests", 1: "install tests"}  # the rest: "engine tests"
 
 
 def run_order(item: pytest.Item) -> int:
     """Fast tests first, so a failure shows in minutes, not after half an hour of real vLLMs:
 
-    0. everything outside tests/engine without the `engine` marker (unit tests, fakes, recorded pages: seconds);
-    1. engine tests on the shared vLLM that leave it as they found it;
-    2. engine tests that take the shared vLLM and end it (`ends_shared_server`);
-    3. every other engine test (a vLLM of its own, a throwaway systemd, ...): the shared server is stopped first.
+    0. everything outside tests/engine without the `engine` or `install` marker (unit tests, fakes, recorded pages:
+       seconds);
+    1. the install tests (`install`: the release installed into clean Debian roots, a minute each);
+    2. engine tests on the shared vLLM that leave it as they found it;
+    3. engine tests that take the shared vLLM and end it (`ends_shared_server`);
+    4. every other engine test (a vLLM of its own, a throwaway systemd, ...): the shared server is stopped first.
     """
+    if item.get_closest_marker("install") is not None:
+        return 1
     if item.get_closest_marker("engine") is None and not item.path.is_relative_to(ENGINE_TESTS):
         return 0
     if "shared_vllm" in getattr(item, "fixturenames", ()):
-        return 2 if item.get_closest_marker("ends_shared_server") else 1
-    return 3
+        return 3 if item.get_closest_marker("ends_shared_server") else 2
+    return 4
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -48,7 +53,7 @@ _phases: dict[str, list[float]] = {}
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
-    name = "unit tests" if run_order(item) == 0 else "engine tests"
+    name = PHASE_NAMES.get(run_order(item), "engine tests")
     began = time.time()
     yield  # set-up, call and teardown (a session fixture's teardown included, with the last test)
     span = _phases.setdefault(name, [began, began, 0])

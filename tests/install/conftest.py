@@ -16,24 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_order
-
 CHECKOUT = Path(__file__).resolve().parents[2]
 PAGE = CHECKOUT / "tests" / "data" / "metrics" / "vllm-0.32.0-tp2-under-load.txt"  # running=4: frozen when it stays
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if not any(line.startswith("install:") for line in config.getini("markers")):
-        config.addinivalue_line("markers", "install: installs the release into a clean Debian root (tests/install)")
-
-
-@pytest.hookimpl(trylast=True)  # after tests/conftest.py's sort: unit tests, then these, then the engine tests
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def place(item: pytest.Item) -> int:
-        if item.get_closest_marker("install") is not None:
-            return 1
-        return 0 if run_order(item) == 0 else 2
-    items.sort(key=place)
 
 
 def _run(argv: list[str], cwd: Path | None = None, timeout: float = 600) -> str:
