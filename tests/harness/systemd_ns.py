@@ -30,6 +30,14 @@ run the checkout's venv python and read the checkout. Directories under a privat
 
 Pids from `main_pid()` and `systemctl` are the namespace's own; `host_pid()` translates one for signals
 sent from the test.
+
+`root=DIR` boots an OS tree instead (an unpacked Debian root, tests/harness/debian_root.py): the boot program mounts
+a fresh /proc, the machine's /dev and a read-only /sys (the cgroup2 tree rooted as above) inside DIR, the same
+private tmpfs mounts there, then `pivot_root`s into DIR and unmounts the machine's tree, so the root's own
+/lib/systemd/systemd runs with nothing of the machine's files in reach; `run()` lands inside it. The root's own
+units are masked (those under its /usr/lib, /lib and /usr/local/lib), except `root_units` (say, a unit an install
+put in its /etc/systemd/system), which get the same drop-in as `units`; its /etc/systemd/system stays its own, so
+`systemctl enable` there works on the root's files. `files`, `keep` and `binds` are paths inside the root.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import contextlib
 import ctypes
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -84,10 +93,14 @@ RUNNING_STATES = ("running", "degraded")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|socket|target|timer|path|mount|slice)$")
 
+# pivot_root(2), which the C library does not wrap; umount2(2)'s MNT_DETACH
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+MNT_DETACH = 2
 # mount(2) flags (linux/fs.h)
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
@@ -98,13 +111,18 @@ class SystemdNsError(RuntimeError):
     """The throwaway systemd could not be started, or a unit in it did not do what was asked."""
 
 
-def available() -> str | None:
-    """None when this machine can run a throwaway systemd, else why not (tests fail with it, never skip)."""
+def available(root: str | os.PathLike[str] | None = None) -> str | None:
+    """None when this machine can run a throwaway systemd (booting `root`'s own, if given), else why not (tests fail
+    with it, never skip)."""
     if os.geteuid() != 0:
         return "a throwaway systemd needs root (namespaces, mounts, cgroups)"
-    if not os.access(SYSTEMD, os.X_OK):
-        return f"no {SYSTEMD}: install the apt package 'systemd'"
-    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    if root is not None and platform.machine() not in SYS_PIVOT_ROOT:
+        return f"booting a root: no pivot_root syscall number known for {platform.machine()}"
+    systemd = SYSTEMD if root is None else os.path.join(root, SYSTEMD.lstrip("/"))
+    if not os.access(systemd, os.X_OK):
+        return f"no {systemd}: install the apt package 'systemd'" + ("" if root is None else " in the root")
+    tools = REQUIRED_TOOLS if root is None else REQUIRED_TOOLS[:2]  # systemctl and journalctl: the root's own
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
         return f"missing {', '.join(missing)} (apt packages util-linux and systemd)"
     if not Path("/proc/self/ns/cgroup").exists():
@@ -201,6 +219,8 @@ class ThrowawaySystemd:
     keep: directories under a private mount to bind back inside (the checkout and venv are kept anyway).
     log_dir: where the boot log (systemd's own output until journald runs) goes; a temporary directory,
         removed by `stop()`, if not given.
+    root: an OS tree to boot instead of the machine's files (see the module doc).
+    root_units: with `root`, units of the root's own the test uses: neither masked nor written, given the drop-in.
     """
 
     def __init__(
@@ -216,6 +236,8 @@ class ThrowawaySystemd:
         binds: Mapping[str, str] | None = None,
         journald: bool = True,
         log_dir: str | os.PathLike[str] | None = None,
+        root: str | os.PathLike[str] | None = None,
+        root_units: Sequence[str] = (),
     ) -> None:
         if not NAME_RE.match(name):
             raise ValueError(f"name {name!r}: letters, digits, '_', '.', '-' only")
@@ -228,6 +250,13 @@ class ThrowawaySystemd:
         if self.target in self.units:
             raise ValueError(f"{self.target} is the harness's own boot target")
         self.wanted = list(wanted) if wanted is not None else [u for u in self.units if "@." not in u]
+        self.root = None if root is None else Path(root).resolve()
+        self.root_units = list(root_units)
+        if self.root_units and self.root is None:
+            raise ValueError("root_units: only with root=")
+        for unit in self.root_units:
+            if not UNIT_NAME_RE.match(unit) or unit in self.units:
+                raise ValueError(f"root_units: {unit!r} is not a unit file name, or is in units as well")
         self.private_dirs = [os.path.abspath(p) for p in private_dirs]
         self.files = {os.path.abspath(p): text for p, text in (files or {}).items()}
         allowed = [*PRIVATE_MOUNTS[:4], *self.private_dirs]
@@ -238,10 +267,14 @@ class ThrowawaySystemd:
         for key, value in self.env.items():
             _quote_env(key, value)
         checkout = Path(__file__).resolve().parents[2]
-        self.keep = sorted({str(Path(p).resolve()) for p in (*keep, checkout, sys.prefix, sys.base_prefix)})
+        if self.root is None:
+            self.keep = sorted({str(Path(p).resolve()) for p in (*keep, checkout, sys.prefix, sys.base_prefix)})
+        else:  # paths inside the root; the checkout is not shown there (the root has programs of its own)
+            self.keep = sorted({os.path.abspath(p) for p in keep})
         # a real directory shown at a second place inside (under a private mount), e.g. the checkout outside /tmp
         # for a unit with PrivateTmp=, which hides everything under /tmp, kept binds included
-        self.binds = {str(Path(src).resolve()): os.path.abspath(dst) for src, dst in (binds or {}).items()}
+        source = os.path.abspath if self.root is not None else (lambda p: str(Path(p).resolve()))  # inside a root
+        self.binds = {source(src): os.path.abspath(dst) for src, dst in (binds or {}).items()}
         for dst in self.binds.values():
             if not _under(dst, [*PRIVATE_MOUNTS[:4], *self.private_dirs]):
                 raise ValueError(f"binds: {dst} must be under a private mount")
@@ -286,7 +319,7 @@ class ThrowawaySystemd:
         """Boot it and wait (at most `timeout` s) until `systemctl is-system-running` says running or degraded."""
         if self._popen is not None:
             raise RuntimeError("already started")
-        reason = available()
+        reason = available(self.root)
         if reason is not None:
             raise SystemdNsError(f"cannot run a throwaway systemd here: {reason}")
         started = time.monotonic()
@@ -487,17 +520,27 @@ class ThrowawaySystemd:
                 env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LANG": "C.UTF-8"},
             )
 
+    def _host(self, inside: str) -> str:
+        """Where a path of the namespace's file system is on the machine (the same path without `root`)."""
+        return inside if self.root is None else os.path.join(self.root, inside.lstrip("/"))
+
     def _spec(self) -> dict[str, object]:
         masks: list[str] = []
         for d in UNIT_DIRS:
             with contextlib.suppress(FileNotFoundError):
                 masks.extend(
                     e
-                    for e in os.listdir(d)
+                    for e in os.listdir(self._host(d))
                     if e.endswith(MASKED_SUFFIXES) and e not in NOT_MASKED and e not in self.units
+                    and e not in self.root_units
                 )
-        private = [p for p in PRIVATE_MOUNTS if p in ("/run", "/tmp") or os.path.isdir(p)]
+        # a root's /etc/systemd/system is its own (a throwaway tree's), where the units under test may be installed
+        mounts = PRIVATE_MOUNTS if self.root is None else PRIVATE_MOUNTS[:-1]
+        # /dev is the machine's in both cases
+        private = [p for p in mounts if p in ("/run", "/tmp") or os.path.isdir(p if p == "/dev/shm" else self._host(p))]
         return {
+            "root": None if self.root is None else str(self.root),
+            "root_units": self.root_units,
             "name": self.name,
             "target": self.target,
             "units": self.units,
@@ -531,7 +574,7 @@ class ThrowawaySystemd:
                 cmdline = Path(f"/proc/{self._popen.pid}/cmdline").read_bytes().split(b"\0")
                 if cmdline[0].endswith(b"unshare"):  # the launcher has exec'd unshare
                     kids = Path(children).read_text().split()
-                    if kids and os.readlink(f"/proc/{kids[0]}/exe") == os.path.realpath(SYSTEMD):
+                    if kids and os.path.samefile(f"/proc/{kids[0]}/exe", self._host(SYSTEMD)):
                         self._pid_start = _start_time(int(kids[0]))
                         return int(kids[0])
             time.sleep(0.05)
@@ -621,31 +664,54 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
+def _mount_root(top: str) -> None:  # pragma: no cover - runs as PID 1 of the new namespaces
+    """A root's own mount point (for pivot_root) with a fresh /proc, the machine's /dev and a read-only /sys."""
+    _mount(top, top, None, MS_BIND | MS_REC)
+    _mount("proc", f"{top}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's
+    _mount("/sys", f"{top}/sys", None, MS_BIND | MS_REC)
+    _mount("/dev", f"{top}/dev", None, MS_BIND | MS_REC)
+
+
+def _pivot(top: str) -> None:  # pragma: no cover - runs as PID 1 of the new namespaces
+    """Make `top` the namespace's / and unmount the machine's tree from it (pivot_root(2)'s ".", "." idiom)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    os.chdir(top)
+    if libc.syscall(SYS_PIVOT_ROOT[platform.machine()], b".", b".") != 0:
+        raise OSError(ctypes.get_errno(), f"pivot_root into {top}: {os.strerror(ctypes.get_errno())}")
+    if libc.umount2(b".", MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), f"unmounting the machine's tree: {os.strerror(ctypes.get_errno())}")
+    os.chdir("/")
+
+
 def _boot(spec_path: str) -> None:  # pragma: no cover - runs as PID 1 of the new namespaces
     """Set up the namespace (see the module doc), then exec systemd into the harness's own target."""
     with open(spec_path) as f:
         spec = json.load(f)  # read before /tmp is covered
     if os.getpid() != 1:
         raise SystemExit("boot: not PID 1 of a new PID namespace; refusing to touch any mount")
+    top = spec.get("root") or ""  # paths below are the namespace's own: at top + path until the pivot
+
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    kept = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in spec["keep"]}  # reachable once covered
-    bound = {dst: os.open(src, os.O_PATH | os.O_DIRECTORY) for src, dst in spec.get("binds", {}).items()}
-    _mount("/proc/sys", "/proc/sys", None, MS_BIND)
-    _mount(None, "/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY)  # this mount only, not the superblock
-    _mount(None, "/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-    _mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV)  # rooted at our own cgroup
+    if top:
+        _mount_root(top)
+    kept = {p: os.open(top + p, os.O_PATH | os.O_DIRECTORY) for p in spec["keep"]}  # reachable once covered
+    bound = {dst: os.open(top + src, os.O_PATH | os.O_DIRECTORY) for src, dst in spec.get("binds", {}).items()}
+    _mount(f"{top}/proc/sys", f"{top}/proc/sys", None, MS_BIND)
+    _mount(None, f"{top}/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY)  # this mount only, not the superblock
+    _mount(None, f"{top}/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    _mount("cgroup2", f"{top}/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV)  # rooted at our own cgroup
     for path in sorted(spec["private_mounts"], key=lambda p: p.rstrip("/").count("/")):  # parents first
         mode = "1777" if path in ("/tmp", "/var/tmp", "/dev/shm") else "0755"
-        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
+        _mount("tmpfs", top + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
     for dev in ("/dev/console", "/dev/kmsg"):
-        if os.path.exists(dev):
-            _mount("/dev/null", dev, None, MS_BIND)
+        if os.path.exists(top + dev):
+            _mount("/dev/null", top + dev, None, MS_BIND)
     for path, fd in [*kept.items(), *bound.items()]:
-        os.makedirs(path, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        os.makedirs(top + path, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", top + path, None, MS_BIND | MS_REC)
         os.close(fd)
 
-    unit_dir = "/run/systemd/system"
+    unit_dir = f"{top}/run/systemd/system"
     wants = (["systemd-journald.service"] if spec["journald"] else []) + spec["wanted"]
     _write(
         f"{unit_dir}/{spec['target']}",
@@ -653,8 +719,9 @@ def _boot(spec_path: str) -> None:  # pragma: no cover - runs as PID 1 of the ne
         + "".join(f"Wants={u}\n" for u in wants),
     )
     after_journal = "After=systemd-journald.socket\n" if spec["journald"] else ""
-    for unit, text in spec["units"].items():
-        _write(f"{unit_dir}/{unit}", text)
+    for unit, text in [*spec["units"].items(), *((u, None) for u in spec.get("root_units", []))]:
+        if text is not None:
+            _write(f"{unit_dir}/{unit}", text)
         _write(
             f"{unit_dir}/{unit}.d/00-throwaway.conf",
             "[Unit]\nDefaultDependencies=no\nConflicts=shutdown.target\nBefore=shutdown.target\n" + after_journal,
@@ -669,19 +736,21 @@ def _boot(spec_path: str) -> None:  # pragma: no cover - runs as PID 1 of the ne
     manager = "[Manager]\nShowStatus=no\nDefaultTimeoutStopSec=15s\n"
     if spec["default_environment"]:
         manager += f"DefaultEnvironment={spec['default_environment']}\n"
-    _write("/run/systemd/system.conf.d/50-throwaway.conf", manager)
+    _write(f"{top}/run/systemd/system.conf.d/50-throwaway.conf", manager)
     _write(
-        "/run/systemd/journald.conf.d/50-throwaway.conf",
+        f"{top}/run/systemd/journald.conf.d/50-throwaway.conf",
         "[Journal]\nStorage=volatile\nReadKMsg=no\nForwardToSyslog=no\nForwardToKMsg=no\nForwardToConsole=no\n"
         "ForwardToWall=no\nRateLimitIntervalSec=0\nRuntimeMaxUse=64M\n",
     )
     for path, text in spec["files"].items():
         if not any(path.startswith(p.rstrip("/") + "/") for p in spec["private_mounts"]):
             raise SystemExit(f"boot: {path} is not under a private mount; refusing to write it")
-        _write(path, text, 0o755 if text.startswith("#!") else 0o644)
+        _write(top + path, text, 0o755 if text.startswith("#!") else 0o644)
 
     if shutil.which("ip"):  # systemd brings lo up as well
         subprocess.run(["ip", "link", "set", "lo", "up"], check=False, timeout=10)
+    if top:
+        _pivot(top)
     argv = [
         SYSTEMD, "--system", f"--unit={spec['target']}", "--show-status=no",
         f"--log-target={'journal' if spec['journald'] else 'console'}",
