@@ -17,10 +17,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -32,6 +30,7 @@ from tests.harness.shipped_unit import (
     config_check_missing,
     shipped_systemd,
     unit_for_test,
+    wait_for,
 )
 from tests.harness.systemd_ns import ThrowawaySystemd
 
@@ -44,20 +43,6 @@ url = "http://127.0.0.1:8000"   # the namespace's own loopback: nothing listens 
 interval = {SCRAPE_INTERVAL}
 """
 SHORT_WATCHDOG = {"50-short-watchdog.conf": f"[Service]\nWatchdogSec={WATCHDOG_SEC}\n"}
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, timeout: float, check: Callable[[], T | None], every: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f}s")
-        time.sleep(every)
-
 
 def test_systemd_analyze_verify_accepts_the_shipped_unit(tmp_path: Path) -> None:
     as_shipped = subprocess.run(["systemd-analyze", "verify", str(SHIPPED)], capture_output=True, text=True,

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from tests.harness.systemd_ns import ThrowawaySystemd, available
 
@@ -97,3 +100,18 @@ def shipped_systemd(name: str, log_dir: Path, config_toml: str, *, drop_ins: dic
         private_dirs=["/var/lib"],  # StateDirectory= creates /var/lib/engine-watchdog: inside, never on the machine
         log_dir=log_dir,
     )
+
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, timeout: float, check: Callable[[], T | None], every: float = 0.2) -> T:
+    """`check()`'s first truthy answer, asked every `every` s; an AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f} s")
+        time.sleep(every)

@@ -21,14 +21,14 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from tests.harness import debian_root, systemd_ns
 from tests.harness.debian_root import DebianRoot
+from tests.harness.shipped_unit import wait_for
 from tests.harness.systemd_ns import ThrowawaySystemd
 from tests.install.conftest import CHECKOUT, Release
 from tests.install.footprint import install_blocks
@@ -44,20 +44,6 @@ DISTRO_SYSTEMD = "/usr/lib/python3/dist-packages/systemd"
 WHEELS = "/root/wheels"  # the next release's wheel and its dependencies, for the offline upgrade
 HARNESS_DROP_IN = f"/run/systemd/system/{UNIT}.d/00-throwaway.conf"
 INSIDE_ENV = [f"{k}={v}" for k, v in debian_root.ENV.items()]  # a root shell's, as in the plain chroot
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, timeout: float, check: Callable[[], T | None], every: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f} s")
-        time.sleep(every)
-
 
 def ok(r: subprocess.CompletedProcess[str], what: str) -> str:
     if r.returncode != 0:
@@ -121,7 +107,7 @@ def check_running_as_installed(sd: ThrowawaySystemd, root: DebianRoot, version: 
     mounts = {f[4]: f[5] for f in (line.split() for line in sd.read_file(f"/proc/{pid}/mountinfo").splitlines())}
     assert mounts["/"].split(",")[0] == "ro" and mounts["/var/lib/engine-watchdog"].split(",")[0] == "rw", mounts
     assert "NoNewPrivs:\t1" in sd.read_file(f"/proc/{pid}/status")
-    wait_for(f"{STATUS} written by pid {pid}", 60, lambda: status_json(root, pid))
+    wait_for(f"{STATUS} written by pid {pid}", 60, lambda: status_json(root, pid), every=0.5)
     return pid, venv
 
 
@@ -135,7 +121,7 @@ def check_status_says_down(sd: ThrowawaySystemd, pid: int) -> str:
         return out if last[0].returncode == 0 and re.search(r"^  engine \S+: down ", out, re.MULTILINE) else None
 
     try:
-        out = wait_for("`watchdog status` saying the engine is down", 60, down)
+        out = wait_for("`watchdog status` saying the engine is down", 60, down, every=0.5)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; last (exit {last[0].returncode}):\n{last[0].stdout}{last[0].stderr}") from None
     assert re.match(rf"daemon: running \(pid {pid}, last pass \d+s ago\), stack vllm at http://127\.0\.0\.1:8000\n",
