@@ -203,13 +203,14 @@ class _DockerApi(http.server.BaseHTTPRequestHandler):
     log_path = ""
 
     def _answer(self, code: int, body: bytes = b"") -> None:
+        # logged before the answer: once the client has its answer the test may read the log
+        with open(self.log_path, "a") as f:
+            f.write(f"{self.command} {self.path}\n")
         self.send_response(code)
         self.send_header("Api-Version", "1.41")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-        with open(self.log_path, "a") as f:
-            f.write(f"{self.command} {self.path}\n")
 
     def do_HEAD(self) -> None:
         self._answer(200)
