@@ -20,7 +20,7 @@ import requests
 from tests.harness.prometheus import ALERTMANAGER_BIN, Alertmanager, alertmanager_config, wait_for
 from tests.receiver import Receiver
 from watchdog.act.alerts import Alert, AlertmanagerSink, Dispatcher, RetryPolicy
-from watchdog.act.state import iso
+from watchdog.core.types import iso
 
 SETTLE = 4.0  # seconds: several of the test config's 1 s group_interval, for a notification that must not come
 INCIDENT = "20261204T031500Z-llama-0-frozen-a1b2"

@@ -27,8 +27,8 @@ from watchdog.act.alerts import (
     verify_signature,
 )
 from watchdog.act.heartbeat import Heartbeat
-from watchdog.act.state import iso
 from watchdog.config.load import ConfigError, Secret, load
+from watchdog.core.types import iso
 
 SECRET = "hmac-s3cret-value-42"
 TOKEN = "T0KEN-in-the-path-99"

@@ -107,7 +107,7 @@ def test_the_recorded_crash_replayed_through_the_real_bundle_writer(tmp_path: Pa
 def bundled(tmp_path: Path) -> tuple[Harness, list[tuple[str, str, str]]]:
     asked: list[tuple[str, str, str]] = []
     h = Harness(tmp_path, config())
-    h.r.bundle = lambda engine, iid, reason: asked.append((engine, iid, reason))
+    h.r.bundle = lambda inc: asked.append((inc.engine, inc.id, inc.reason))
     return h, asked
 
 

@@ -99,7 +99,7 @@ def test_the_check_sees_an_import_that_runs_up(tmp_path: Path) -> None:
     assert "watchdog.evidence.bundle" in imported(_planted(tmp_path, "from watchdog.evidence import bundle"),
                                                   "watchdog.evidence.stacks.parse")
     probe = tmp_path / "types.py"
-    probe.write_text((PACKAGE / "core" / "types.py").read_text() + "\nfrom watchdog.act.state import iso\n")
+    probe.write_text((PACKAGE / "core" / "types.py").read_text() + "\nfrom watchdog.act.state import save_status\n")
     assert "watchdog.act.state" in imported(probe, "watchdog.core.types")
     assert floor_of("watchdog.act.state") > floor_of("watchdog.core.types")
 

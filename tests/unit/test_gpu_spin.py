@@ -198,9 +198,12 @@ def test_the_stall_start_travels_from_the_judge_to_the_bundle() -> None:
             return []
 
     runner = Runner()
-    coord = EvidenceCoordinator(runner, 20.0, lambda engine, wall: "inc-1")
-    coord.on_transition(Transition(9.0, "0", State.SUSPECT, State.FROZEN, "x"), 9.0, 2e9, stalled_since=2e9 - 8)
-    assert runner.jobs[-1].bundle and runner.jobs[-1].stalled_since == 2e9 - 8
+    coord = EvidenceCoordinator(runner, 20.0)
+    coord.on_transition(Transition(9.0, "0", State.SUSPECT, State.FROZEN, "x"), 9.0)
+    assert runner.jobs == []  # the freeze's bundle is its incident's: asked for when the incident opens
+    coord.bundle("0", State.FROZEN, "inc-1", "x", 9.0, stalled_since=2e9 - 8)
+    job = runner.jobs[-1]
+    assert job.bundle and job.stalled_since == 2e9 - 8 and job.incident == "inc-1" and job.reuse_after == 9.0 - 20
 
     # the runner: into the bundle's write
     class Investigator:

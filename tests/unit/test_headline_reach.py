@@ -66,10 +66,10 @@ class Runner:
 
 def test_a_stack_confirmed_freeze_is_said_by_its_headline() -> None:
     runner = Runner()
-    coord = EvidenceCoordinator(runner, 40.0, lambda engine, wall: "inc-1")
+    coord = EvidenceCoordinator(runner, 40.0)
     cap: Capture = stuck_capture()
     findings = assess(cap, work_pending=True)
-    coord.on_transition(Transition(1.0, "0", State.WORKING, State.SUSPECT, "no progress for 5s"), 1.0, 1.0)
+    coord.on_transition(Transition(1.0, "0", State.WORKING, State.SUSPECT, "no progress for 5s"), 1.0)
     runner.done.append(EvidenceDone(EvidenceJob("0", "suspect", "x", False, 1.0), 1.0, Evidence(cap, findings, 2.0),
                                     None))
     [out] = coord.collect(4.0)

@@ -259,8 +259,8 @@ def test_the_verdict_reason_and_the_evidence_captured_alert_carry_it(tmp_path: P
     cap = lost_wakeup("0.32.0")
     f = assess(cap, work_pending=True, page=PageWork(4, 0))
     runner = Runner()
-    coord = EvidenceCoordinator(runner, 40.0, lambda engine, wall: "inc-1")
-    coord.on_transition(Transition(1.0, "0", State.WORKING, State.SUSPECT, "no progress for 5s"), 1.0, 1.0)
+    coord = EvidenceCoordinator(runner, 40.0)
+    coord.on_transition(Transition(1.0, "0", State.WORKING, State.SUSPECT, "no progress for 5s"), 1.0)
     runner.done.append(EvidenceDone(EvidenceJob("0", "suspect", "x", False, 1.0), 1.0,
                                     Evidence(cap, f, 2.0, "0.32.0+cpu"), None))
     [out] = coord.collect(4.0)

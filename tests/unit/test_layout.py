@@ -59,6 +59,10 @@ PURE = (
     "watchdog.nodes.findings",
     "watchdog.act.policy",
     "watchdog.act.blind",
+    "watchdog.act.incident_types",
+    "watchdog.act.incident_draft",
+    "watchdog.act.incident_machine",
+    "watchdog.act.incident_sight",
     "watchdog.service.probes",
 )
 # Modules (or their parents) that do I/O, keep time or hand out randomness.

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from watchdog.act.incident_types import GaveUp, Incident, Kind, Memory, Phase
 from watchdog.act.policy import Budget, Choice, choose
 from watchdog.act.state import (
     Control,
-    Incident,
-    Memory,
     load_control,
     load_memory,
     save_control,
@@ -21,6 +20,7 @@ from watchdog.act.state import (
 )
 from watchdog.cli.act import parse_duration, status_of
 from watchdog.config.load import load
+from watchdog.core.types import Decision
 
 B = Budget(budget=3, window=3600.0, backoff_initial=60.0, backoff_max=900.0)
 NOW = 1_800_000_000.0
@@ -81,10 +81,16 @@ def test_dry_run_never_spends_the_budget() -> None:
 
 
 def test_memory_round_trips_and_a_corrupt_file_is_kept_aside(tmp_path: Path) -> None:
-    inc = Incident("i-1", "0", "frozen", NOW, "no progress", phase="restarting", attempts=1, restart_started=NOW)
-    save_memory(tmp_path, Memory([NOW - 5, NOW], {"at": NOW, "incident": "i-0", "reason": "x"}, inc))
+    inc = Incident("i-1", "0", Kind.FROZEN, NOW, "no progress", phase=Phase.RESTARTING, attempts=1,
+                   restart_started=NOW, evidence=Decision.STUCK)
+    blind = Incident("i-2", "0", Kind.BLIND, NOW, "unseen", unseen="node:worker1")
+    save_memory(tmp_path, Memory((NOW - 5, NOW), GaveUp(NOW, "i-0", "x"), inc, (blind,)))
     got = load_memory(tmp_path)
-    assert got.restarts == [NOW - 5, NOW] and got.incident == inc and got.gave_up and got.gave_up["incident"] == "i-0"
+    assert got == Memory((NOW - 5, NOW), GaveUp(NOW, "i-0", "x"), inc, (blind,))
+    assert type(got.incident.kind) is Kind and type(got.incident.phase) is Phase  # type: ignore[union-attr]
+    on_disk = json.loads((tmp_path / "recovery.json").read_text())
+    assert on_disk["incident"]["phase"] == "restarting" and on_disk["gave_up"] == {"at": NOW, "incident": "i-0",
+                                                                                    "reason": "x"}
     assert oct((tmp_path / "recovery.json").stat().st_mode & 0o777) == "0o640"
     (tmp_path / "recovery.json").write_text("{not json")
     assert load_memory(tmp_path) == Memory()

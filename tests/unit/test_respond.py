@@ -10,9 +10,10 @@ import pytest
 
 from tests.facts import says
 from watchdog.act.alerts import Alert
-from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
+from watchdog.act.incident_types import Incident, Kind, Memory, Phase, RecoveryJob
+from watchdog.act.recovery import Progress, RecoveryDone
 from watchdog.act.respond import CONTROL_CALM_EVERY, Responder
-from watchdog.act.state import Control, Incident, Memory, save_control, save_memory
+from watchdog.act.state import Control, save_control, save_memory
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import Config, load
 from watchdog.core.types import State, Verdict
@@ -214,8 +215,8 @@ def test_failed_restarts_back_off_then_spend_the_budget_and_give_up_once(h: Harn
 
 
 def test_a_watchdog_restarted_mid_recovery_waits_instead_of_restarting(tmp_path: Path) -> None:
-    inc = Incident("i-7", "0", "frozen", T0 - 100, phase="restarting", attempts=1, restart_started=T0 - 50)
-    save_memory(tmp_path, Memory([T0 - 50], None, inc))
+    inc = Incident("i-7", "0", Kind.FROZEN, T0 - 100, phase=Phase.RESTARTING, attempts=1, restart_started=T0 - 50)
+    save_memory(tmp_path, Memory((T0 - 50,), None, inc))
     h = Harness(tmp_path, config())
     h.r.resume()
     [job] = h.recovery.jobs
@@ -299,23 +300,22 @@ def test_while_calm_the_switches_are_read_every_few_seconds(h: Harness) -> None:
     assert seen[0] is False and seen[-1] is True and seen.index(True) <= CONTROL_CALM_EVERY
 
 
-def test_a_freeze_id_reserved_for_its_bundle_opens_its_incident_and_ends_with_the_freeze(h: Harness) -> None:
-    """The stacks confirm a freeze within a pass (after the act stage) and its bundle takes the id that the incident
-    opens with on the next pass. Any other state ends the reservation: a later freeze gets its own id (reusing one
-    would write a second bundle onto the first). An unreadable page does not end a freeze (the judge keeps it
-    frozen), so it does not end the reservation either."""
+def test_a_freeze_asks_for_its_bundle_with_its_incident_id_when_it_opens(tmp_path: Path) -> None:
+    """The incident has its id from the moment it opens, and its bundle is asked for then, under that id: once per
+    incident, never for a suspicion; a down engine's bundle too, and nothing with capture off."""
+    asked: list[tuple[str, str, str]] = []
+    h = Harness(tmp_path, config())
+    h.r.bundle = lambda inc: asked.append((inc.kind.value, inc.engine, inc.id))
     h.step(State.SUSPECT)
-    reserved = h.r.id_for("0", h.clock.wall)
+    assert asked == []
     h.step(State.FROZEN)
-    assert h.events[-1]["event"] == "incident_opened" and h.events[-1]["incident"] == reserved
-    (h.tmp / "other").mkdir()
-    other = Harness(h.tmp / "other", config())
-    other.step(State.SUSPECT)
-    first = other.r.id_for("0", other.clock.wall)
-    for state in (State.BLIND, State.WORKING):
-        other.step(state)
-        assert other.r.id_for("0", other.clock.wall + 5) != first
-        first = other.r.id_for("0", other.clock.wall + 5)
+    opened = h.events[-1]
+    assert opened["event"] == "incident_opened" and asked == [("frozen", "0", opened["incident"])]
+    h.step(State.FROZEN)
+    assert len(asked) == 1
+    h.step(State.IDLE)  # it clears: resolved; a later freeze is a new incident with its own id and bundle
+    h.step(State.FROZEN)
+    assert len(asked) == 2 and asked[1][2] != asked[0][2] and asked[1][2] == h.events[-1]["incident"]
 
 
 def severities(h: Harness) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""Blind incidents (watchdog.act.sight) beside the responder's, with hand-written fakes for the clock, the alerts and
+"""Blind incidents (watchdog.act.incident_sight) through the responder, with fakes for the clock, the alerts and
 the recovery: the page or a node unseen for blind_after is one incident of its own, alerted with its runbook, never
 restarted, resolved when seen; a freeze here while a node is unseen says both."""
 
@@ -14,9 +14,9 @@ from prometheus_client import generate_latest
 
 from tests.facts import says
 from watchdog.act.alerts import Alert
-from watchdog.act.recovery import Progress, RecoveryDone, RecoveryJob
+from watchdog.act.incident_types import RecoveryJob
+from watchdog.act.recovery import Progress, RecoveryDone
 from watchdog.act.respond import Responder
-from watchdog.act.sight import Sight
 from watchdog.act.state import Control, load_memory, save_control
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import Config, ConfigError, load
@@ -58,7 +58,6 @@ class Stack:
         self.recovery = FakeRecovery()
         self.r = Responder(cfg, tmp, self, self.recovery, self.events.append, ["command /bin/restart"],
                            lambda: self.wall)
-        self.sight = Sight(self.r)
 
     def submit(self, alert: Alert) -> None:
         self.alerts.append(alert)
@@ -69,14 +68,14 @@ class Stack:
         self.mono += advance
         local = [Verdict("0", state, reason or f"{state.value} for the test", self.mono - stalled, self.mono,
                          stalled_for=stalled)]
-        self.sight.step(local, views, self.mono)
+        self.r.sight(local, views, self.mono)
         self.r.step(overlay(local, views), self.mono)
 
     def sent(self) -> list[str]:
         return [a.event for a in self.alerts]
 
     def status(self) -> dict[str, Any]:
-        return {**self.r.status(self.wall), "blind": self.sight.status()}
+        return {**self.r.status(self.wall), "blind": self.r.blind_status()}
 
 
 def config(blind_after: float = 60.0) -> Config:
@@ -96,7 +95,7 @@ def test_a_node_unseen_59s_is_quiet_61s_alerted_with_its_runbook_never_restarted
     s.step(State.IDLE, [LOST])  # first pass unseen
     s.step(State.IDLE, [LOST], advance=59)
     assert s.sent() == [] and s.status()["blind"][0]["incident"] is None
-    assert s.status()["blind"][0]["seconds"] == 59 and s.sight.watching
+    assert s.status()["blind"][0]["seconds"] == 59 and s.r.watching
     s.step(State.IDLE, [LOST], advance=2)
     [a] = s.alerts
     assert a.event == "blind" and not a.resolved and a.state == "blind"
@@ -119,7 +118,7 @@ def test_a_node_unseen_59s_is_quiet_61s_alerted_with_its_runbook_never_restarted
     done = s.alerts[-1]
     assert done.resolved and done.incident_id == a.incident_id and done.state == "idle"
     assert says(done.summary, "node worker1", "seen again", "212s")
-    assert s.status()["blind"] == [] and not s.sight.watching
+    assert s.status()["blind"] == [] and not s.r.watching
     assert json.loads((s.tmp / "recovery.json").read_text())["blind"] == []
     assert [e["incident"] for e in s.events if e["event"] == "resolved"] == [a.incident_id]
 
@@ -200,7 +199,7 @@ def test_paused_opens_nothing_and_a_node_still_unseen_after_the_pause_is_alerted
     s.step(State.IDLE, [SEEN], advance=2)  # resolved while paused: written, not sent (as every alert then)
     assert s.sent() == ["blind"]
     assert [e["alert"] for e in s.events if e["event"] == "alert_suppressed"] == ["resolved"]
-    assert s.r.memory.blind == []
+    assert s.r.memory.blind == ()
 
 
 def test_a_restarted_watchdog_resolves_the_blind_incident_it_left_open(s: Stack) -> None:

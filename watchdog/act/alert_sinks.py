@@ -46,8 +46,8 @@ from typing import Any, Protocol
 import requests
 
 from watchdog import __version__
-from watchdog.act.state import iso
 from watchdog.config.load import Secret
+from watchdog.core.types import iso
 
 EVENTS = ("stall_detected", "evidence_captured", "restart_started", "recovered", "restart_failed", "gave_up",
           "engine_down", "blind", "blind_frozen", "watchdog_fault", "resolved")

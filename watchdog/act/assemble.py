@@ -16,13 +16,12 @@ from typing import Any
 from watchdog.act.alerts import Alert, Dispatcher, build_dispatcher
 from watchdog.act.heartbeat import Heartbeat
 from watchdog.act.recovery import RecoveryRunner
-from watchdog.act.respond import Responder
+from watchdog.act.respond import Bundle, Responder
 from watchdog.act.restart import Restarter, RestartOutcome
 from watchdog.act.shm_sweep import sweepers
-from watchdog.act.sight import Sight
 from watchdog.config.load import Config, Secret
 from watchdog.config.restart_plan import describe
-from watchdog.core.types import State, Verdict, base_url, incident_id
+from watchdog.core.types import Decision, State, Verdict, base_url, incident_id
 from watchdog.host.run import LocalRunner
 from watchdog.nodes.liveness import NodeView
 from watchdog.nodes.remote import node_runners
@@ -40,8 +39,8 @@ class _NoAlerts:
 
 class Act:
     def __init__(self, cfg: Config, state_dir: Path, event: Callable[[dict[str, Any]], None],
-                 http: EngineHTTP, bundle: Callable[[str, str, str], None] | None = None) -> None:
-        """``bundle(engine, incident id, reason)``: asks the evidence stage for a down incident's bundle."""
+                 http: EngineHTTP, bundle: Bundle | None = None) -> None:
+        """``bundle(incident)``: asks the evidence stage for a freeze's or a down engine's bundle."""
         self.cfg = cfg
         self.alerts: Dispatcher | None = build_dispatcher(cfg)
         a = cfg.alerts
@@ -74,33 +73,28 @@ class Act:
         elif not cfg.restart.steps:
             log.info("no restart steps configured: incidents are alerted and recorded, never acted on")
         self.responder.resume()
-        self.sight = Sight(self.responder)  # blind incidents: the page or a node not seen (watchdog.act.blind)
 
     def step(self, verdicts: list[Verdict], mono: float, page_read: bool = True,
              local: Sequence[Verdict] | None = None, views: Sequence[NodeView] = ()) -> dict[str, Any]:
         """One pass: the blind incidents (``local``: this node's own verdicts under the other nodes' ``views``;
         default ``verdicts``), the policy, then the heartbeat (only if this pass saw the engine: its page read, no
         verdict blind; a freeze stays frozen while its page cannot be read); returns the status."""
-        self.sight.step(verdicts if local is None else local, views, mono)
+        self.responder.sight(verdicts if local is None else local, views, mono)
         self.responder.step(verdicts, mono)
         self.heartbeat.beat(mono, page_read and bool(verdicts) and all(v.state != State.BLIND for v in verdicts))
-        return {**self.responder.status(time.time()), "blind": self.sight.status()}
+        return {**self.responder.status(time.time()), "blind": self.responder.blind_status()}
 
     @property
     def settled(self) -> bool:
-        """No incident, no recovery, no freeze id reserved, all seen: a calm pass has nothing here to decide."""
+        """No incident, no recovery, all seen: a calm pass has nothing here to decide."""
         r = self.responder
-        return r.memory.incident is None and r.recovery.progress is None and not r.reserved and not self.sight.watching
+        return r.memory.incident is None and r.recovery.progress is None and not r.watching
 
     @property
     def incident_open(self) -> bool:
         return self.responder.memory.incident is not None
 
-    def incident_id_for(self, engine: str, wall: float) -> str:
-        """The one id of this engine's freeze (open incident, or reserved for the one that opens next)."""
-        return self.responder.id_for(engine, wall)
-
-    def stacks(self, engine: str, decision: str | None, bundle: str | None, details: dict[str, Any],
+    def stacks(self, engine: str, decision: Decision | None, bundle: str | None, details: dict[str, Any],
                final: bool, incident: str = "") -> None:
         """What the stacks said, for the engine's incident (a freeze or a down engine waits for its bundle; stacks
         may hold a freeze)."""

@@ -15,19 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from watchdog.act.incident_types import RecoveryJob
 from watchdog.act.restart import RestartOutcome
 
 log = logging.getLogger(__name__)
 
 # (ok, answered, detail) of one max_tokens=1 generation
 Generate = Callable[[], tuple[bool, bool, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryJob:
-    incident: str
-    restart: bool  # False: only wait for the engine to serve (its supervisor restarts it, or we were restarted)
-    deadline: float  # wall time by which the engine must serve
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,12 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from watchdog.act.incident_types import GaveUp, Incident, Kind, Memory, Phase
+from watchdog.core.types import Decision
 
 log = logging.getLogger(__name__)
 
@@ -41,36 +43,6 @@ class Control:
 
     def is_paused(self, now: float) -> bool:
         return self.paused and (self.paused_until is None or now < self.paused_until)
-
-
-@dataclass(slots=True)
-class Incident:
-    id: str
-    engine: str
-    kind: str  # frozen | down | boot_timeout | blind
-    detected: float  # wall time the problem was detected
-    reason: str = ""
-    phase: str = "open"  # open | evidence | held | waiting | restarting | proving | gave_up | observing
-    attempts: int = 0  # restarts issued for this incident
-    restart_started: float | None = None  # wall time of the restart in flight
-    bundle: str | None = None
-    evidence: str | None = None  # the stacks' decision: stuck | working | undecided
-    held_since: float | None = None  # wall time the restart was first held because the stacks showed work
-    unseen: str = ""  # blind: what cannot be seen, "page" or "node:<name>" (watchdog.act.blind)
-    in_hand: bool = False  # being restarted within the budget (its alerts a warning) until a restart fails or it ends
-
-
-@dataclass(slots=True)
-class Memory:
-    restarts: list[float] = field(default_factory=list)  # wall times of restarts issued
-    gave_up: dict[str, Any] | None = None  # {"at", "incident", "reason"} until reset
-    incident: Incident | None = None
-    blind: list[Incident] = field(default_factory=list)  # open blind incidents, one per thing not seen (never acted on)
-
-
-def iso(wall: float) -> str:
-    """Wall time as every file and payload of the watchdog writes it: ISO 8601 UTC, milliseconds, ``Z``."""
-    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _encode(obj: object) -> str:
@@ -157,23 +129,33 @@ def save_control(state_dir: Path, control: Control) -> None:
     write_json(state_dir / CONTROL, {"version": VERSION, **asdict(control)})
 
 
+def _incident(obj: dict[str, Any]) -> Incident:
+    fields_ = _pick(Incident, obj)
+    fields_["kind"], fields_["phase"] = Kind(fields_["kind"]), Phase(fields_.get("phase", Phase.OPEN))
+    if fields_.get("evidence") is not None:
+        fields_["evidence"] = Decision(fields_["evidence"])
+    return Incident(**fields_)
+
+
 def load_memory(state_dir: Path) -> Memory:
     obj = read_json(state_dir / RECOVERY)
     if not obj:
         return Memory()
     try:
-        inc = obj.get("incident")
-        blind = [Incident(**_pick(Incident, b)) for b in obj.get("blind") or [] if isinstance(b, dict)]
-        return Memory(restarts=[float(x) for x in obj.get("restarts", [])], gave_up=obj.get("gave_up"),
-                      incident=Incident(**_pick(Incident, inc)) if isinstance(inc, dict) else None,
-                      blind=[b for b in blind if b.kind == "blind" and b.unseen])
-    except (TypeError, ValueError) as e:
+        inc, gave_up = obj.get("incident"), obj.get("gave_up")
+        blind = [_incident(b) for b in obj.get("blind") or [] if isinstance(b, dict)]
+        return Memory(restarts=tuple(float(x) for x in obj.get("restarts", [])),
+                      gave_up=GaveUp(**_pick(GaveUp, gave_up)) if isinstance(gave_up, dict) else None,
+                      incident=_incident(inc) if isinstance(inc, dict) else None,
+                      blind=tuple(b for b in blind if b.kind == Kind.BLIND and b.unseen))
+    except (TypeError, ValueError, KeyError) as e:
         log.error("%s: %s; starting from empty", state_dir / RECOVERY, e)
         return Memory()
 
 
 def save_memory(state_dir: Path, memory: Memory) -> None:
-    write_json(state_dir / RECOVERY, {"version": VERSION, "restarts": memory.restarts, "gave_up": memory.gave_up,
+    write_json(state_dir / RECOVERY, {"version": VERSION, "restarts": list(memory.restarts),
+                                      "gave_up": asdict(memory.gave_up) if memory.gave_up else None,
                                       "incident": asdict(memory.incident) if memory.incident else None,
                                       "blind": [asdict(b) for b in memory.blind]})
 

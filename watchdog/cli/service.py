@@ -10,11 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from watchdog.act.state import iso
 from watchdog.cli.config import load_config
 from watchdog.cli.progress import Progress
 from watchdog.config.load import Config
-from watchdog.core.types import State, Verdict
+from watchdog.core.types import State, Verdict, iso
 from watchdog.evidence.collect.deadline_read import read_deadlines
 from watchdog.evidence.gpu.nvml import gpu_availability
 from watchdog.judge.judge import worst

@@ -195,6 +195,11 @@ class Transition:
 # -- one identity per incident --------------------------------------------------------------------------
 
 
+def iso(wall: float) -> str:
+    """Wall time as every file and payload of the watchdog writes it: ISO 8601 UTC, milliseconds, ``Z``."""
+    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def incident_id(wall: float, stack: str, engine: str, kind: str, nonce: str) -> str:
     """The one id of an incident: its bundle directory, every event, every alert, ``status`` and ``show``.
 

@@ -1,16 +1,15 @@
 """``watchdog run``: the pipeline every interval until SIGTERM/SIGINT, with events, trace, metrics and systemd.
 
-One pass: scrape and judge (`Watcher.tick`), report the transitions, act on the verdicts (incidents, alerts,
-restarts), hand the transitions to the evidence coordinator, feed finished stack checks back to the judge, write
-the status. Each stage of a pass runs inside an error boundary: a bug or a full disk in one stage is logged, counted
-(``watchdog_pass_errors_total{stage}``) and alerted once, and the loop goes on.
+One pass: scrape and judge (`Watcher.tick`), report the transitions, hand them to the evidence coordinator and
+feed finished stack checks back to the judge, then act on the verdicts (the incident machine: incidents, bundles,
+alerts, restarts), write the status. Each stage of a pass runs inside an error boundary: a bug or a full disk in
+one stage is logged, counted (``watchdog_pass_errors_total{stage}``) and alerted once, and the loop goes on.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import secrets
 import signal
 import time
 import traceback
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from watchdog.act.assemble import Act
-from watchdog.act.state import iso
+from watchdog.act.incident_types import Incident
 from watchdog.config.load import Config
 from watchdog.core.types import (
     Observation,
@@ -30,7 +29,7 @@ from watchdog.core.types import (
     Verdict,
     base_url,
     calm,
-    incident_id,
+    iso,
 )
 from watchdog.evidence.bundle.coordinator import EvidenceCoordinator
 from watchdog.evidence.bundle.investigate import EvidenceRunner, Investigator
@@ -99,6 +98,7 @@ class Daemon:
         self._deadlines_read = -DEADLINES_EVERY
         self._deadlines_due = False  # an engine came into service since the last read
         self._respond_next = float("-inf")  # a calm pass before this (monotonic) skips the act stage
+        self._watcher: Watcher | None = None
 
     def run(self, once: bool = False) -> int:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -112,8 +112,9 @@ class Daemon:
         if self._trace is not None:
             sinks.append(self._write_trace)
         watcher = build_watcher(self.cfg, self.http, sinks)
+        self._watcher = watcher
         if not once:
-            self.act = Act(self.cfg, self.state_dir, self._act_event, self.http, self._down_bundle)
+            self.act = Act(self.cfg, self.state_dir, self._act_event, self.http, self._bundle)
             self.exporter.passes.sinks = self.act.delivering
         if self.cfg.gpu.enabled and not once:
             g = self.cfg.gpu
@@ -126,7 +127,7 @@ class Daemon:
             for problem in investigator.preflight():
                 log.warning("evidence capture: %s", problem)
             self.runner = EvidenceRunner(investigator)
-            self.evidence = EvidenceCoordinator(self.runner, self.cfg.judge.stall_window, self._incident_for)
+            self.evidence = EvidenceCoordinator(self.runner, self.cfg.judge.stall_window)
         if not once:
             self._read_deadlines()
         if self.cfg.nodes and not once:
@@ -181,8 +182,8 @@ class Daemon:
         transitions = self._guard("scrape", watcher.tick) or []
         self._calm = False  # until the report says so (a report stage that fails leaves it so: the act stage runs)
         self._guard("report", self._report, watcher, transitions)
-        self._guard("act", self._respond, watcher)
         self._guard("evidence", self._evidence, watcher, transitions)
+        self._guard("act", self._respond, watcher)
         self._guard("gpu", self._gpu_samples)
 
     def _guard(self, stage: str, fn: Callable[..., list[Transition] | None], *args: Any) -> list[Transition] | None:
@@ -268,9 +269,9 @@ class Daemon:
     def _evidence(self, watcher: Watcher, transitions: list[Transition]) -> None:
         if self.evidence is None:
             return
-        now, wall = watcher.clock(), time.time()
+        now = watcher.clock()
         for tr in transitions:
-            self.evidence.on_transition(tr, now, wall, self._stalled_since(watcher, tr.engine))
+            self.evidence.on_transition(tr, now)
         for engine in watcher.judge.wants_stacks(now):
             self.evidence.check(engine, "looking at the stacks again", now)
         for out in self.evidence.collect(now):
@@ -279,17 +280,17 @@ class Daemon:
                 fed = watcher.feed(out.observation)
                 self._report(watcher, fed)
                 for tr in fed:
-                    self.evidence.on_transition(tr, watcher.clock(), time.time(),
-                                                self._stalled_since(watcher, tr.engine))
+                    self.evidence.on_transition(tr, watcher.clock())
             if self.act is not None and out.incident is not None:
                 i = out.incident
-                self.act.stacks(i.engine, i.decision.value if i.decision else None, i.bundle, i.details, i.final,
-                                i.incident)
+                self.act.stacks(i.engine, i.decision, i.bundle, i.details, i.final, i.incident)
 
-    def _down_bundle(self, engine: str, incident: str, reason: str) -> None:
-        """A down incident opened: its bundle, asked of the evidence stage (none when capture is off)."""
-        if self.evidence is not None:
-            self.evidence.down(engine, incident, reason)
+    def _bundle(self, incident: Incident) -> None:
+        """An incident opened: its bundle, asked of the evidence stage (none when capture is off)."""
+        if self.evidence is not None and self._watcher is not None:
+            w = self._watcher
+            self.evidence.bundle(incident.engine, State(incident.kind.value), incident.id, incident.reason,
+                                 w.clock(), self._stalled_since(w, incident.engine))
 
     @staticmethod
     def _stalled_since(watcher: Watcher, engine: str) -> float | None:
@@ -298,12 +299,6 @@ class Daemon:
         tr = watcher.judge.tracks.get(engine)
         start = tr.stall_start if tr is not None else None
         return watcher.wall_of(start) if start is not None else None
-
-    def _incident_for(self, engine: str, wall: float) -> str:
-        """The id for a freeze's bundle: the engine's incident, opened now or on the next pass with this id."""
-        if self.act is not None:
-            return self.act.incident_id_for(engine, wall)
-        return incident_id(wall, self.cfg.engine.name, engine, State.FROZEN.value, secrets.token_hex(2))
 
     # -- act: incidents, alerts, restarts --------------------------------------------------------------------
 

@@ -12,8 +12,7 @@ import logging
 from pathlib import Path
 from typing import IO
 
-from watchdog.act.state import iso
-from watchdog.core.types import State, Transition
+from watchdog.core.types import State, Transition, iso
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 - a suspicion (and a long step due for another look) asks for a check: two captures, a decision fed back to the
   judge as `StackEvidence`;
-- a freeze asks for its bundle, named with the open incident's id (the one id of bundle, events, alerts and
-  status); the capture that decided the suspicion serves when it is recent enough;
-- a down incident asks for its bundle when it opens (`down`): the log's cause and what is left running;
+- an incident asks for its bundle when it opens (`bundle`), named with its id (the one id of bundle, events,
+  alerts and status): a freeze's stacks (the capture that decided the suspicion serves when it is recent enough),
+  or a down engine's log cause and what is left running;
 - every finished job becomes one event (``evidence_checked``, ``evidence_captured`` or ``evidence_failed``) and,
   for the engine's incident, what the stacks said.
 
@@ -14,7 +14,6 @@ only books what was asked and hands on what came back.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,27 +53,22 @@ class Outcome:
 class EvidenceCoordinator:
     runner: Runner
     stall_window: float  # a freeze's bundle may reuse a capture taken this long before it
-    incident_for: Callable[[str, float], str]  # (engine, wall) -> the open incident's id, or a new one
     _checking: set[str] = field(default_factory=set)  # engines with a check in flight
-    _bundled: set[str] = field(default_factory=set)  # engines whose current freeze has (or awaits) its bundle
 
-    def on_transition(self, tr: Transition, now: float, wall: float, stalled_since: float | None = None) -> None:
-        """``stalled_since``: wall time of the last progress the judge saw (a freeze's GPU readings start there)."""
-        if tr.to_state not in (State.SUSPECT, State.FROZEN):
-            self._checking.discard(tr.engine)
-            self._bundled.discard(tr.engine)
-            return
+    def on_transition(self, tr: Transition, now: float) -> None:
+        """A suspicion asks for a check; leaving suspect or frozen ends the one in flight's claim."""
         if tr.to_state == State.SUSPECT:
             self.check(tr.engine, tr.reason, now)
-        elif tr.engine not in self._bundled:
-            self._bundled.add(tr.engine)
-            # the capture that confirmed (or was taken during) this suspicion is this freeze's evidence
-            self.runner.request(EvidenceJob(tr.engine, tr.to_state.value, tr.reason, True, now - self.stall_window,
-                                            self.incident_for(tr.engine, wall), stalled_since))
+        elif tr.to_state != State.FROZEN:
+            self._checking.discard(tr.engine)
 
-    def down(self, engine: str, incident: str, reason: str) -> None:
-        """A down incident's bundle: the log's cause, what is left running, the GPUs (never a capture of before)."""
-        self.runner.request(EvidenceJob(engine, State.DOWN.value, reason, True, float("inf"), incident))
+    def bundle(self, engine: str, state: State, incident: str, reason: str, now: float,
+               stalled_since: float | None = None) -> None:
+        """An incident's bundle. A freeze's: the capture that confirmed (or was taken during) its suspicion serves
+        (``stalled_since``: wall time of the last progress the judge saw; its GPU readings start there). A down
+        engine's: the log's cause, what is left running, the GPUs (never a capture of before)."""
+        reuse_after = now - self.stall_window if state == State.FROZEN else float("inf")
+        self.runner.request(EvidenceJob(engine, state.value, reason, True, reuse_after, incident, stalled_since))
 
     def check(self, engine: str, reason: str, now: float) -> None:
         """Ask for a check of the stacks (one in flight per engine)."""
