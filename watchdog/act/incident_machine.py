@@ -166,8 +166,9 @@ def _open(d: Draft, kind: Kind, v: Verdict) -> None:
     said, rb = stacks.pop(v.engine, ("", ""))  # a freeze the stacks confirmed: their headline
     d.update(stacks_said=stacks)
     if not (said and said in v.reason):
-        said, rb = v.reason, {Kind.FROZEN: Runbook.FROZEN.value, Kind.BOOT_TIMEOUT: Runbook.STARTING_TOO_LONG.value
-                              }.get(kind, down_runbook(v.reason).value)
+        said, rb = v.reason, ""
+    rb = rb or {Kind.FROZEN: Runbook.FROZEN, Kind.BOOT_TIMEOUT: Runbook.STARTING_TOO_LONG}.get(
+        kind, down_runbook(v.reason)).value  # else by kind (down: a rank lost, or the API server)
     details: dict[str, object] = {"kind": kind.value}
     if kind != Kind.DOWN:
         details["stalled_for"] = round(v.stalled_for, 1)
