@@ -2,7 +2,8 @@
 
 The package follows the pipeline, one subpackage per stage, in floors (a module imports only its own floor and
 those below; tests/unit/test_floors.py holds the order):
-core < host < scrape < judge < config < evidence < nodes < act < service < cli.
+core < host < scrape < judge < config < evidence < nodes < act < service < cli. ``__main__`` runs the CLI
+(``python -m watchdog``).
 """
 
 from importlib import metadata

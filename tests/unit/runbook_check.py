@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from tests.unit.runbook_shell import HOST, KUBECTL, Line, blocks, expansions, pyspy_problem, pyspy_verbs, read_line
-from watchdog.cli.main import _parser
+from watchdog.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -38,7 +38,7 @@ def watchdog_problem(argv: list[str]) -> str | None:
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
-            _parser().parse_args(argv)
+            build_parser().parse_args(argv)
     except SystemExit as e:
         if e.code not in (0, None):  # 0: --version, --help
             return said.getvalue().strip().splitlines()[-1]

@@ -18,7 +18,7 @@ import pytest
 
 from tests.fakes import FAST, EngineModel, fake_engine
 from tests.unit.test_cli_progress import NO_ENGINE
-from watchdog.cli.main import _parser
+from watchdog.cli.main import build_parser
 
 BUNDLE = Path(__file__).resolve().parents[1] / "data" / "hangs" / "diverged-0.25.1"
 REPORTING = {"status", "check", "dump", "nodes", "incidents", "show", "report", "explain", "config check"}
@@ -42,7 +42,7 @@ def state(tmp_path: Path) -> Path:
 
 
 def test_every_reporting_verb_takes_json() -> None:
-    sub = next(a for a in _parser()._actions if a.dest == "command")
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
     has = set()
     for name, parser in sub.choices.items():
         inner = [a for a in parser._actions if a.dest.endswith("_command")]

@@ -24,8 +24,8 @@ from watchdog.evidence.bundle import write as bundle
 from watchdog.evidence.bundle.write import BundleError, BundleHeader, list_bundles, prune, write_bundle
 from watchdog.evidence.collect.capture import PTRACE_HINT
 from watchdog.evidence.collect.context import RING_WARNING, Context, LogSource, gather, log_tail
+from watchdog.evidence.explain.classes import Cls, Status
 from watchdog.evidence.explain.findings import Findings, assess
-from watchdog.evidence.explain.ranks import Cls, Status
 from watchdog.scrape.engine_http import EngineHTTP
 
 ROOT = Path(__file__).resolve().parents[2]

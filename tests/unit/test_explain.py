@@ -10,7 +10,8 @@ import pytest
 
 from tests.facts import clause_of, says
 from watchdog.core.roles import Role
-from watchdog.evidence.explain.ranks import Cls, ProcessExplanation, Status, classify, cross_rank, poll_parking
+from watchdog.evidence.explain.classes import Cls, Status
+from watchdog.evidence.explain.ranks import ProcessExplanation, classify, cross_rank, poll_parking
 from watchdog.evidence.stacks.parse import ProcessStack, parse_any, parse_pyspy_json, parse_text
 
 DUMPS = Path(__file__).resolve().parents[1] / "data" / "dumps"

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.facts import says
-from watchdog.evidence.explain.ranks import Cls, ProcessExplanation, classify
+from watchdog.evidence.explain.classes import Cls
+from watchdog.evidence.explain.ranks import ProcessExplanation, classify
 from watchdog.evidence.stacks.parse import Frame, ProcessStack, parse_any, parse_text
 
 DUMPS = Path(__file__).resolve().parents[1] / "data" / "dumps"

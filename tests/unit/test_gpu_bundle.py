@@ -142,7 +142,7 @@ def test_configured_recorder_prefixes_stand_in_for_an_environ_setproctitle_overw
     from watchdog.core.processes import EngineProcess
     from watchdog.core.roles import Role
     from watchdog.evidence.gpu.fr_trigger import trigger
-    from watchdog.evidence.gpu.gather import _fr_configs
+    from watchdog.evidence.gpu.gather import fr_configs
 
     pipe_prefix, dump_prefix = str(tmp_path / "pipe_"), str(tmp_path / "fr_")
     os.mkfifo(pipe_prefix + "0.pipe")
@@ -159,8 +159,8 @@ def test_configured_recorder_prefixes_stand_in_for_an_environ_setproctitle_overw
                              start_new_session=True)
     try:
         proc = EngineProcess(child.pid, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})
-        assert _fr_configs([proc], GpuSection()) is None  # unset: each environ as it is
-        configs = _fr_configs([proc], GpuSection(fr_pipe_prefix=pipe_prefix, fr_dump_prefix=dump_prefix))
+        assert fr_configs([proc], GpuSection()) is None  # unset: each environ as it is
+        configs = fr_configs([proc], GpuSection(fr_pipe_prefix=pipe_prefix, fr_dump_prefix=dump_prefix))
         assert configs is not None and configs[child.pid] is not None
         t = trigger([child.pid], None, 10.0, configs=configs)
     finally:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from watchdog.core.roles import Role
-from watchdog.evidence.explain.ranks import Cls, classify
+from watchdog.evidence.explain.classes import Cls
+from watchdog.evidence.explain.ranks import classify
 from watchdog.evidence.stacks.frames import Frame, ProcessStack, ThreadStack
 from watchdog.evidence.stacks.parse import parse_pyspy_json
 

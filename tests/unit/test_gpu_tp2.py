@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.facts import clause_of, says
 from watchdog.core.roles import ranks_of
-from watchdog.evidence.explain.frame_rules import _main
+from watchdog.evidence.explain.frame_rules import main_thread
 from watchdog.evidence.explain.ranks import classify
 from watchdog.evidence.gpu.culprit import RankView, gpu_culprit
 from watchdog.evidence.gpu.ras_status import parse_ras
@@ -27,7 +27,7 @@ def _views(bundle: Path) -> list[RankView]:
     for dump in sorted((bundle / "dumps").glob("round1-*-VLLM-Worker_TP*.json")):
         pid, title = int(dump.name.split("-")[1]), "VLLM::" + dump.stem.split("-VLLM-")[1]
         ps = parse_pyspy_json(json.loads(dump.read_text()), pid=pid, title=title)
-        main = _main(ps)
+        main = main_thread(ps)
         assert main is not None
         gpu = next((r.state for r in readings if pid in r.pids), None)
         views.append(RankView(title.removeprefix("VLLM::"), ranks_of(title)["TP"], classify(ps).cls.value,

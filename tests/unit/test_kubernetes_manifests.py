@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from watchdog.cli.main import _parser
+from watchdog.cli.main import build_parser
 from watchdog.config.load import Config, load
 from watchdog.config.restart_plan import plan
 from watchdog.core.types import base_url
@@ -208,7 +208,7 @@ def test_a_config_typo_stops_before_the_sidecar_starts(tmp_path: Path) -> None:
         assert run[1] == "run" and run[run.index("--config") + 1] == path  # the file checked is the file run
         for command in (check_cmd, run, *(c["lifecycle"]["preStop"]["exec"]["command"] for c in every.values()
                                           if "exec" in c.get("lifecycle", {}).get("preStop", {}))):
-            _parser().parse_args(command[1:])  # the CLI takes it (bad arguments exit)
+            build_parser().parse_args(command[1:])  # the CLI takes it (bad arguments exit)
         good, typo = tmp_path / f"{role}.toml", tmp_path / f"{role}-typo.toml"
         good.write_text(text)
         typo.write_text(text.replace("process_prefix", "process_prefx"))

@@ -34,8 +34,8 @@ from tests.unit.test_evidence_bundle import (
 )
 from watchdog.core.processes import Capture
 from watchdog.core.types import Decision
+from watchdog.evidence.explain.classes import Cls
 from watchdog.evidence.explain.findings import PageWork, StuckKind, assess
-from watchdog.evidence.explain.ranks import Cls
 
 SCHED = f"{SITE}/vllm/v1/core/sched/scheduler.py"
 LOOP_TAIL: Frames = [("EngineCoreProc._process_engine_step", CORE, 1606), ("EngineCoreProc.run_busy_loop", CORE, 1012),

@@ -10,8 +10,8 @@ import pytest
 from tests.facts import says
 from tests.unit.livelock_data import DATA, load
 from watchdog.core.types import Decision, State
+from watchdog.evidence.explain.classes import Cls
 from watchdog.evidence.explain.findings import StuckKind, assess
-from watchdog.evidence.explain.ranks import Cls
 from watchdog.judge.track import Thresholds
 from watchdog.service.replay import replay
 from watchdog.service.trace import read_trace

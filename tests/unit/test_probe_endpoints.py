@@ -17,7 +17,7 @@ import requests
 from tests.fakes import FAST, EngineModel, fake_engine, wait_for
 from tests.unit.test_act_daemon import Daemon, freeze
 from watchdog.core.types import State, Verdict
-from watchdog.service.exporter import Exporter, _QuietHandler
+from watchdog.service.exporter import Exporter, QuietHandler
 from watchdog.service.probes import ProbeSettings
 from watchdog.service.state_check import StateDirCheck
 
@@ -190,8 +190,8 @@ def test_livez_does_not_fail_on_the_state_directory() -> None:
 def test_an_idle_connection_is_dropped(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     """A client that connects and sends nothing is closed after the handler's timeout, quietly; the server answers
     the next one."""
-    assert _QuietHandler.timeout is not None and 0 < _QuietHandler.timeout <= 30
-    monkeypatch.setattr(_QuietHandler, "timeout", 0.3)
+    assert QuietHandler.timeout is not None and 0 < QuietHandler.timeout <= 30
+    monkeypatch.setattr(QuietHandler, "timeout", 0.3)
     _, base = served()
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:

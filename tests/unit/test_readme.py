@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from tests.unit.test_floors import FLOORS
-from watchdog.cli.main import _parser
+from watchdog.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -41,12 +41,12 @@ def test_every_verb_of_the_cli_is_in_the_readmes_command_table() -> None:
     rows = command_table()
     assert len(rows) >= 10, "the Operate section's command table was not found"
     listed = " ".join(rows)
-    missing = [v for v in verbs(_parser()) if not re.search(rf"`watchdog {re.escape(v)}[ `]", listed)]
+    missing = [v for v in verbs(build_parser()) if not re.search(rf"`watchdog {re.escape(v)}[ `]", listed)]
     assert not missing, f"add these verbs to the README's command table (section Operate): {missing}"
 
 
 def test_verbs_finds_the_cli_as_it_is() -> None:
-    found = verbs(_parser())
+    found = verbs(build_parser())
     for verb in ("check", "run", "dump", "show", "status", "nodes", "pause", "resume", "reset", "replay"):
         assert verb in found
     assert "frobnicate" not in found

@@ -22,7 +22,7 @@ from watchdog.cli.nodes import EXIT_FINE, EXIT_NO_RANKS, EXIT_PROBLEM, exit_stat
 from watchdog.config.load import load
 from watchdog.config.nodes import NodeSection
 from watchdog.nodes import enrol
-from watchdog.nodes.agent_config import AgentConfig, _Top, load_agent_config
+from watchdog.nodes.agent_config import AgentConfig, AgentKeys, load_agent_config
 from watchdog.nodes.findings import LocalFacts, Where, answer_findings, call_findings, local_findings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "two-nodes.md"
@@ -83,7 +83,7 @@ def test_authorized_keys_line_is_restricted_to_the_agent(tmp_path: Path) -> None
 
 
 def test_agent_toml_has_every_key_at_its_default_and_loads(tmp_path: Path) -> None:
-    assert [k for k, _, _ in enrol.AGENT_KEYS] == [f.name for f in dataclasses.fields(_Top)]
+    assert [k for k, _, _ in enrol.AGENT_KEYS] == [f.name for f in dataclasses.fields(AgentKeys)]
     path = tmp_path / "agent.toml"
     path.write_text(enrol.agent_toml("worker1", "head"))
     cfg = load_agent_config(str(path))

@@ -16,8 +16,8 @@ import pytest
 from tests.unit.livelock_data import load
 from watchdog.core.roles import Role, parse_title
 from watchdog.core.types import Decision
+from watchdog.evidence.explain.classes import Cls
 from watchdog.evidence.explain.findings import assess
-from watchdog.evidence.explain.ranks import Cls
 from watchdog.scrape.page import WANTED_SAMPLES, read_page
 
 DATA = Path(__file__).resolve().parents[1] / "data"

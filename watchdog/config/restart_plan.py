@@ -24,7 +24,7 @@ starting step that runs on that node: its first step whose action is start or re
 (``action = "run"``, the default: what it does cannot be known). A node with no such step of its own gets its hook
 right before the first starting step overall (same rule over every step). With no starting step at all (stop
 steps only) no hook runs. Hooks that fall before the same step run local first, then the nodes in config order.
-With no ``[[nodes]]`` this is the single-host rule as it always was. A transient unit's restart step stops before
+With no ``[[nodes]]`` only this host's hooks run, by the same rule. A transient unit's restart step stops before
 it starts: its hooks run between the two.
 """
 

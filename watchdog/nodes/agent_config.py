@@ -37,7 +37,7 @@ DEFAULT_PATH = "/etc/engine-watchdog/agent.toml"
 
 
 @dataclass(frozen=True, slots=True)
-class _Top:
+class AgentKeys:
     """The top-level keys (steps aside), typed and checked by the watchdog's own config loader."""
 
     process_prefix: str = "VLLM::"
@@ -62,11 +62,11 @@ class _Top:
     allow_locals: bool = False  # py-spy --locals when the head asks (locals hold prompts and secrets)
 
     def build(self, steps: tuple[StepSection, ...], source: str) -> AgentConfig:
-        return AgentConfig(**{f.name: getattr(self, f.name) for f in fields(_Top)}, steps=steps, source=source)
+        return AgentConfig(**{f.name: getattr(self, f.name) for f in fields(AgentKeys)}, steps=steps, source=source)
 
 
 @dataclass(frozen=True, slots=True)
-class AgentConfig(_Top):
+class AgentConfig(AgentKeys):
     """The agent's config: the top-level keys and the restart steps this node allows."""
 
     steps: tuple[StepSection, ...] = field(default_factory=tuple)
@@ -145,7 +145,7 @@ def load_agent_config(path: str) -> AgentConfig:
     if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
         raise ConfigError(f"{path}: steps must be a list of tables ([[steps]]), got {type_name(steps)}")
     parsed = tuple(parse_section(StepSection, f"steps[{i}]", s, path) for i, s in enumerate(steps))
-    cfg: AgentConfig = parse_section(_Top, "agent", raw, path).build(parsed, path)
+    cfg: AgentConfig = parse_section(AgentKeys, "agent", raw, path).build(parsed, path)
     try:
         check_restart(RestartSection(steps=cfg.steps), ("local",))
     except ValueError as e:

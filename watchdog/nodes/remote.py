@@ -119,7 +119,8 @@ class RemoteEvidence:
 
     def context(self, base: Context) -> Context:
         """Each node's own log tail (the one its ``[[nodes]]`` entry names, if that node allows it; else the node's
-        own), versions, /dev/shm segments; kept per node (`Context.nodes`), versions also flattened as before."""
+        own), versions, /dev/shm segments; kept per node (`Context.nodes`), and the versions also in `Context.versions`
+        as ``"<name> (node <node>)"``."""
         versions, problems, nodes = dict(base.versions), list(base.problems), dict(base.nodes)
         ring = base.ring_warnings
         for name, link in self.links.items():

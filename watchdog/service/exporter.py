@@ -112,7 +112,7 @@ class Exporter:
         info = socket.getaddrinfo(listen, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         server_class = type("ExporterServer", (ThreadingWSGIServer,), {"address_family": info[0]})  # v4 or v6
         server: ThreadingWSGIServer = make_server(str(info[4][0]), port, self.app, server_class,
-                                                  handler_class=_QuietHandler)
+                                                  handler_class=QuietHandler)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": None}, name="exporter",
                          daemon=True).start()
         self.port = int(server.server_address[1])
@@ -279,7 +279,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             503: "Service Unavailable"}
 
 
-class _QuietHandler(WSGIRequestHandler):
+class QuietHandler(WSGIRequestHandler):
     """No access log; a connection that sends nothing for ``timeout`` seconds is dropped (an idle client must not
     hold a thread and a socket for ever)."""
 

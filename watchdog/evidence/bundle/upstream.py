@@ -230,7 +230,7 @@ def _culprit(m: dict[str, Any], procs: list[_Proc], say: Any) -> list[str]:
     if not c:
         return [f"- culprit: none named: {say(m.get('cross_rank', 'no cross-rank verdict in the bundle'))}"]
     p = next((p for p in procs if p.name == c or p.name.endswith(str(c))), None)
-    at = m.get("culprit_node") or (p.node if p else "local")  # culprit_node: bundles of issue 21 on
+    at = m.get("culprit_node") or (p.node if p else "local")  # no culprit_node in the manifest: the process's node
     node = "the head (the watchdog's host)" if at == "local" else f"node {at}"
     cls = f" ({p.cls})" if p else ""
     return [f"- culprit: **{c}**{cls} on {node}: {say(m.get('cross_rank', ''))}"]

@@ -192,8 +192,8 @@ def summary(m: dict[str, Any]) -> str:
 
 
 def gpu_views(gpu: GpuEvidence, findings: Findings) -> tuple[list[RankView], GpuCulprit]:
-    """Each GPU rank's stack class with its GPU's state, and the culprit GPU rank they name (issue 10: from stack
-    classes, power, RAS and the Flight Recorder; evidence/gpu/culprit.py)."""
+    """Each GPU rank's stack class with its GPU's state, and the culprit GPU rank they name (from stack classes,
+    power, RAS and the Flight Recorder: `watchdog.evidence.gpu.culprit`)."""
     views = [RankView(f.explanation.name, f.process.ranks.get("TP"), (f.native or f.explanation).cls.value,
                       (f.native or f.explanation).frames,  # a GPU rank's waits are in its native frames
                       r.state if (r := gpu_of(gpu.readings, f.process.pid)) else None)

@@ -136,7 +136,8 @@ def installed_versions(pids: Sequence[int], pyspy: str | None, runner: DumpRunne
     """torch and vllm from the engine's own site-packages (the first process whose mapped code names one: read
     under its /proc/PID/root when it runs in another mount namespace, a container's venv that the host does not
     have), and py-spy's version; ``versions`` already known are kept (the head's and a node's agent's one reader).
-    A process whose maps cannot be read: its interpreter's prefix, as before."""
+    When its maps name none (or cannot be read), the site-packages under its interpreter's prefix (``/proc/PID/exe``)
+    are read."""
     versions = dict(versions or {})
     for pid in pids:
         root, found = root_of(pid, proc), dict[str, str]()

@@ -14,9 +14,8 @@ from watchdog.core.processes import Capture, Dump, EngineProcess
 from watchdog.core.ring import Ring
 from watchdog.core.roles import ENGINE_ROLES, Role
 from watchdog.core.types import Decision
-from watchdog.evidence.explain.classes import Status
+from watchdog.evidence.explain.classes import Cls, Status
 from watchdog.evidence.explain.ranks import (
-    Cls,
     CrossRankVerdict,
     HypothesisVerdict,
     ProcessExplanation,

@@ -22,7 +22,7 @@ from watchdog.core.runbooks import Runbook
 from watchdog.core.types import Decision
 from watchdog.evidence.explain.classes import Cls
 from watchdog.evidence.explain.findings import Findings, ProcessFinding, StuckKind
-from watchdog.evidence.explain.frame_rules import _COLL_FUNC, _COLL_NATIVE, _base, _noise
+from watchdog.evidence.explain.frame_rules import COLL_FUNC, COLL_NATIVE, base_name, is_noise
 from watchdog.evidence.explain.ring_said import ring_readers
 
 _LAUNCH = re.compile(r"^cu(?:da)?LaunchKernel")
@@ -70,16 +70,16 @@ def collective(p: ProcessFinding) -> str:
     """The collective a process waits in, by its innermost collective frame (all_gather, ncclAllReduce), or ""."""
     for e in (p.explanation, p.native):
         for f in e.frames if e is not None else ():
-            if (f.native and _COLL_NATIVE.search(f.function)) or (not f.native and _COLL_FUNC.search(_base(f))):
-                return _base(f)
+            if (f.native and COLL_NATIVE.search(f.function)) or (not f.native and COLL_FUNC.search(base_name(f))):
+                return base_name(f)
     return ""
 
 
 def _op(p: ProcessFinding) -> str:
     """The innermost meaningful frame of what a process waits in (cudaDeviceSynchronize, sched_yield)."""
     e = p.native if p.native is not None and p.native.cls is Cls.DEVICE_WAIT else p.explanation
-    frames = [f for f in (e.frames if e else ()) if not _noise(f)] or list(e.frames[:1] if e else ())
-    return _base(frames[0]) if frames else ""
+    frames = [f for f in (e.frames if e else ()) if not is_noise(f)] or list(e.frames[:1] if e else ())
+    return base_name(frames[0]) if frames else ""
 
 
 def _gone(p: ProcessFinding, capture: Capture | None) -> bool:

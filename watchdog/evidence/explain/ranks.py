@@ -12,26 +12,20 @@ from dataclasses import dataclass
 from watchdog.core.roles import Role, ranks_of, role_of_name, title_in
 from watchdog.evidence.explain.classes import Cls, Status
 from watchdog.evidence.explain.frame_rules import (
-    _COLL_FUNC,
-    _COLL_NATIVE,
-    _DEVICE_NATIVE,
-    _DRIVER_MODULES,
-    _SPEC,
-    _STARTUP,
-    _base,
-    _chain,
-    _decide,
-    _frame_role,
-    _helper,
-    _main,
-    _noise,
-    _spec_key,
+    COLL_FUNC,
+    DRIVER_MODULES,
+    SPEC,
+    STARTUP,
+    base_name,
+    chain,
+    decide,
+    frame_role,
+    is_helper,
+    is_noise,
+    main_thread,
+    spec_key,
 )
 from watchdog.evidence.stacks.frames import Frame, ProcessStack, ThreadStack
-
-# The native-frame patterns live with the frame rules; their names stay importable from here.
-__all__ = ["_COLL_NATIVE", "_DEVICE_NATIVE", "Cls", "CrossRankVerdict", "HypothesisVerdict", "ProcessExplanation",
-           "Status", "classify", "cross_rank", "poll_parking"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +72,7 @@ def _label(t: ThreadStack | None) -> str:
 
 
 def _where(frames: tuple[Frame, ...]) -> str:
-    shown = [f for f in frames if not _noise(f)][:3] or list(frames[:1])
+    shown = [f for f in frames if not is_noise(f)][:3] or list(frames[:1])
     return " < ".join(f"{f.function} ({f.file.rsplit('/', 1)[-1]})" for f in shown) or "no frames"
 
 
@@ -99,13 +93,13 @@ def _crashed(ps: ProcessStack, decided: ThreadStack | None, role: Role | None) -
     """What faulthandler's "Current thread" (the thread that crashed or took the signal) was doing, when another
     thread decided the class."""
     cur = next((t for t in ps.threads if t.current), None)
-    if cur is None or not cur.frames or cur is _main(ps):
+    if cur is None or not cur.frames or cur is main_thread(ps):
         return ""
     if cur is decided:
         return f"The crashing thread ({_label(cur)}, faulthandler's current thread) is that thread."
-    d = _decide(cur.frames, role)
+    d = decide(cur.frames, role)
     cls = d[0] if d is not None else None
-    frames = _chain(cur.frames, d[1], d[2]) if d is not None and cls is not None else cur.frames[:3]
+    frames = chain(cur.frames, d[1], d[2]) if d is not None and cls is not None else cur.frames[:3]
     doing = f"{_WHY[cls].removeprefix('is ')}" if cls in _WHY and cls is not None else "in no recognised frame"
     return f"The crashing thread ({_label(cur)}, faulthandler's current thread) was {doing}: {_where(frames)}."
 
@@ -113,19 +107,19 @@ def _crashed(ps: ProcessStack, decided: ThreadStack | None, role: Role | None) -
 def classify(ps: ProcessStack, role: Role | None = None, proc_state: str | None = None) -> ProcessExplanation:
     """Explain one process from its stacks; `role` overrides the guess, `proc_state` is /proc's state letter."""
     token = title_in(ps.title)
-    main = _main(ps)
+    main = main_thread(ps)
     ordered = ([main] if main else []) + [t for t in ps.threads if t is not main]
     named = role_of_name(token) if token else None
     role = (role or (named if named != Role.PROCESS else None)
-            or next((r for t in ordered for f in t.frames if (r := _frame_role(f))), None))
+            or next((r for t in ordered for f in t.frames if (r := frame_role(f))), None))
     name = token or (f"{role or 'process'}[{ps.pid}]" if ps.pid is not None else role or "process")
-    working = [t for t in ordered if t is main or not _helper(t)]
-    spec = tuple(dict.fromkeys(f for t in working for f in t.frames if _SPEC.search(_spec_key(f))))
+    working = [t for t in ordered if t is main or not is_helper(t)]
+    spec = tuple(dict.fromkeys(f for t in working for f in t.frames if SPEC.search(spec_key(f))))
 
     def done(cls: Cls, t: ThreadStack | None, frames: tuple[Frame, ...], why: str) -> ProcessExplanation:
         why += f" Speculative-decoding frames present: {_where(spec)}." if spec else ""
         if ps.source == "kernel":
-            driver = next((f.file for th in ps.threads for f in th.frames if _DRIVER_MODULES.match(f.file)), None)
+            driver = next((f.file for th in ps.threads for f in th.frames if DRIVER_MODULES.match(f.file)), None)
             why += _KERNEL_ONLY + (f" It is inside the {driver} driver." if driver else "")
         crashed = _crashed(ps, t, role)
         why += f" {crashed}" if crashed else ""
@@ -133,11 +127,11 @@ def classify(ps: ProcessStack, role: Role | None = None, proc_state: str | None 
         return ProcessExplanation(name, ps.pid, role, rank, cls, _label(t), frames, bool(spec), why, spec[:6], crashed)
 
     first = main or next((t for t in ordered if t.frames), None)
-    top = _chain(first.frames, 0, None) if first and first.frames else ()
+    top = chain(first.frames, 0, None) if first and first.frames else ()
     if proc_state and proc_state[:1] in ("T", "t"):
         return done(Cls.STOPPED, first, top, f"{name} is stopped (state {proc_state}): it runs no code; "
                                              f"last frames: {_where(top)}.")
-    decided = [(t, d) for t in working if (d := _decide(t.frames, role)) is not None]
+    decided = [(t, d) for t in working if (d := decide(t.frames, role)) is not None]
     known = [(t, d) for t, d in decided if d[0] not in (None, Cls.UNKNOWN)]
     main_d = next((d for t, d in decided if t is main), None)
     main_note = main_d[3] if main_d else ("no frames" if main and not main.frames else "no recognised frame")
@@ -149,8 +143,8 @@ def classify(ps: ProcessStack, role: Role | None = None, proc_state: str | None 
         return done(Cls.UNKNOWN, first, top, f"{name}: nothing recognised ({what}); top frames: {_where(top)}.")
     t, (cls, at, ctx, note) = best
     cls = cls or Cls.UNKNOWN
-    frames = _chain(t.frames, at, ctx, whole=cls in (Cls.MODEL_FORWARD, Cls.COMPILE))
-    startup = " during startup" if any(_base(f) in _STARTUP for f in t.frames) else ""
+    frames = chain(t.frames, at, ctx, whole=cls in (Cls.MODEL_FORWARD, Cls.COMPILE))
+    startup = " during startup" if any(base_name(f) in STARTUP for f in t.frames) else ""
     via = f"; main thread: {main_note}" if t is not main and main else ""
     return done(cls, t, frames, f"{name} ({_label(t)}{via}) {_WHY[cls]}{startup}{note}: {_where(frames)}.")
 
@@ -167,8 +161,8 @@ def _state(e: ProcessExplanation) -> str:
 
 def _coll_of(e: ProcessExplanation) -> str:
     """The collective a rank waits in, by its innermost collective frame (all_reduce, barrier)."""
-    return next((_base(f) for f in e.frames if not f.native and _COLL_FUNC.search(_base(f))),
-                _base(e.frames[0]) if e.frames else "a collective")
+    return next((base_name(f) for f in e.frames if not f.native and COLL_FUNC.search(base_name(f))),
+                base_name(e.frames[0]) if e.frames else "a collective")
 
 
 def cross_rank(expls: list[ProcessExplanation], moved: dict[str, bool] | None = None,

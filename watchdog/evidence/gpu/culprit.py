@@ -1,7 +1,7 @@
 """The GPU-aware cross-rank verdict: which GPU rank the others wait for. Pure.
 
 ``cross_rank`` (`watchdog.evidence.explain.ranks`) reads stack classes alone. On a real two-GPU tensor-parallel hang
-(tests/data/gpu-tp2, issue 10) that is not enough: rank 1 sat in ``cudaDeviceSynchronize`` (device_wait) behind a
+(tests/data/gpu-tp2) that is not enough: rank 1 sat in ``cudaDeviceSynchronize`` (device_wait) behind a
 kernel that never ended, and rank 0 was not inside ``all_reduce`` at all: it had run 64 steps ahead, queueing
 collectives, until ``cuLaunchKernel`` blocked on a full launch queue (class unknown). Both GPUs read busy at idle
 power (rank 1's spin, rank 0's NCCL kernel waiting for its peer). What names the culprit, strongest first:
@@ -10,7 +10,7 @@ power (rank 1's spin, rank 0's NCCL kernel waiting for its peer). What names the
 2. NCCL RAS: a rank that launched fewer operations than the others;
 3. stacks with power: a rank waiting on its own device (device_wait, no collective frame) with its GPU spinning,
    while its peers are in a collective or blocked launching more work behind one; or the only GPU rank there is
-   (TP=1, a one-rank group: issue 19), waiting on its own device while that GPU spins.
+   (TP=1, a one-rank group), waiting on its own device while that GPU spins.
 
 Each source that names a rank is listed; when they disagree the strongest wins and the disagreement is said.
 """

@@ -123,7 +123,7 @@ def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, c
         verdict = SINGLE_RANK
     elif freeze and cfg.flight_recorder and processes:
         # every rank's pipe under each process's prefix: a title's TP/PP numbers are not the global rank
-        t = trigger([p.pid for p in processes], None, cfg.fr_settle, configs=_fr_configs(processes, cfg))
+        t = trigger([p.pid for p in processes], None, cfg.fr_settle, configs=fr_configs(processes, cfg))
         fr_seconds = t.seconds
         problems.extend(t.problems)
         for r in t.ranks:
@@ -154,7 +154,7 @@ def _summary(data: bytes, rank: int) -> tuple[FrSummary | None, str]:
         return None, f"unreadable dump ({type(e).__name__})"
 
 
-def _fr_configs(processes: Sequence[EngineProcess], cfg: GpuSection) -> dict[int, FrConfig | None] | None:
+def fr_configs(processes: Sequence[EngineProcess], cfg: GpuSection) -> dict[int, FrConfig | None] | None:
     """The configured prefixes stand in for an environ that does not show the recorder (setproctitle clobbered
     it); None: read every process's environ as it is."""
     if not cfg.fr_pipe_prefix:
