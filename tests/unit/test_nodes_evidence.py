@@ -31,6 +31,7 @@ from watchdog.evidence.bundle.per_node import node_lines, per_node
 from watchdog.evidence.collect.context import RING_WARNING, Context
 from watchdog.nodes.protocol import LogRefused, ProtocolError, choose_log
 from watchdog.nodes.remote import RemoteEvidence
+from watchdog.nodes.transport import close_links, open_links
 
 RANK = "import time\nwhile True:\n    time.sleep(0.2)\n"
 
@@ -61,11 +62,12 @@ def config(node: SshNode, tmp_path: Path, log: str = "", extra: str = "") -> Con
 
 
 def context_of(node: SshNode, tmp_path: Path, log: str = "") -> Context:
-    remote = RemoteEvidence(config(node, tmp_path, log))
+    cfg = config(node, tmp_path, log)
+    links = open_links(cfg.nodes)
     try:
-        return remote.context(Context(log_tail="ours\n", log_source="/var/log/ours.log"))
+        return RemoteEvidence(cfg, links).context(Context(log_tail="ours\n", log_source="/var/log/ours.log"))
     finally:
-        remote.close()
+        close_links(links)
 
 
 def test_choose_log_is_one_rule() -> None:

@@ -28,6 +28,7 @@ from watchdog.evidence.explain.ranks import ProcessExplanation, classify, cross_
 from watchdog.evidence.gpu.nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.stacks.parse import Frame, StackParseError, parse_any
 from watchdog.nodes.remote import RemoteEvidence
+from watchdog.nodes.transport import close_links, open_links
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.fetch import MetricsFetcher
 
@@ -54,7 +55,8 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     gpu: GpuMonitor | None = GpuMonitor(NvmlSource(), g.dense_interval, g.dense_interval) if g.enabled else None
     if gpu is not None and gpu.start():
         gpu = None  # no GPU here: nothing to add
-    remote = RemoteEvidence(cfg) if cfg.nodes else None  # ssh masters and temp dirs: closed below
+    links = open_links(cfg.nodes)  # ssh masters and temp dirs: closed below
+    remote = RemoteEvidence(cfg, links) if cfg.nodes else None
     inv = Investigator(cfg, http, gpu=gpu, others=remote)
     said, c = Progress("dump"), cfg.capture
     try:
@@ -76,8 +78,7 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     finally:
         if gpu is not None:
             gpu.stop()
-        if remote is not None:
-            remote.close()
+        close_links(links)
     f = evidence.findings
     m = json.loads((path / "manifest.json").read_text()) if path else {}
     # per node, what was captured (the bundle's, with logs and versions; else the capture's own)

@@ -14,7 +14,7 @@ restart steps run there.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -55,9 +55,10 @@ class NodeCapture:
 
 
 class RemoteEvidence:
-    def __init__(self, cfg: Config, links: dict[str, NodeLink] | None = None) -> None:
+    def __init__(self, cfg: Config, links: Mapping[str, NodeLink]) -> None:
+        """``links``: one per node (`transport.open_links`), shared with the other stages; their owner closes them."""
         self.cfg = cfg
-        self.links = links if links is not None else {n.name: NodeLink(n) for n in cfg.nodes}
+        self.links = links
         self.offsets: dict[str, float] = {}
 
     def _capture(self, index: int, name: str) -> NodeCapture:
@@ -149,10 +150,6 @@ class RemoteEvidence:
                                       len(shm) if isinstance(shm, list) else None, mine)
         return replace(base, versions=versions, problems=tuple(problems), nodes=nodes, ring_warnings=ring)
 
-    def close(self) -> None:
-        for link in self.links.values():
-            link.close()
-
 
 def _objects(value: object) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
@@ -207,7 +204,6 @@ class SshRunner:
                          (f"{where}: {clean(a['error'], 500)}" if a.get("error") else ""))
 
 
-def node_runners(cfg: Config, links: dict[str, NodeLink] | None = None) -> dict[str, Any]:
-    """A restart runner per node named in the config ("local" is the caller's own)."""
-    links = links if links is not None else {n.name: NodeLink(n) for n in cfg.nodes}
+def node_runners(links: Mapping[str, NodeLink]) -> dict[str, SshRunner]:
+    """A restart runner per node, over its link ("local" is the caller's own)."""
     return {name: SshRunner(link) for name, link in links.items()}
