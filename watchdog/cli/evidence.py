@@ -82,7 +82,7 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     f = evidence.findings
     m = json.loads((path / "manifest.json").read_text()) if path else {}
     # per node, what was captured (the bundle's, with logs and versions; else the capture's own)
-    m.setdefault("nodes", per_node(evidence.capture, {}, f.problems))
+    m.setdefault("nodes", per_node(evidence.capture, {}, evidence.capture.problems))
     # complete: every rank's stacks read, and on every node ([[nodes]]): a node that could not be reached is missing
     complete = f.complete and all(n["evidence"] != "missing" for k, n in m["nodes"].items() if k != "local")
     if args.json:
@@ -279,14 +279,15 @@ def read_bundle(bundle: Path, state_dir: Path, cfg: Config) -> BundleFiles:
         unread.append(f"manifest.json cannot be read ({e.strerror or e})")
     except ValueError as e:
         unread.append(f"manifest.json is not valid JSON ({e})")
-    latest: dict[int, tuple[int, Path, str]] = {}
+    # one process's dumps by (pid, title): another node's title ends "on node X", and pids of two nodes collide
+    latest: dict[tuple[int, str], tuple[int, Path, str]] = {}
     for path in sorted((bundle / "dumps").glob("round*.json")) if (bundle / "dumps").is_dir() else []:
         if m := _DUMP.match(path.name):
             rnd, pid, title = int(m.group(1)), int(m.group(2)), m.group(3)
-            if pid not in latest or latest[pid][0] < rnd:
-                latest[pid] = (rnd, path, re.sub(r"^(VLLM|sglang|ray)-", r"\1::", title))
+            if (pid, title) not in latest or latest[pid, title][0] < rnd:
+                latest[pid, title] = (rnd, path, re.sub(r"^(VLLM|sglang|ray)-", r"\1::", title))
     dumps = []
-    for pid, (_, path, title) in sorted(latest.items()):
+    for (pid, _), (_, path, title) in sorted(latest.items()):
         try:
             dumps.append((pid, "" if title == "process" else title, _read(path)))
         except OSError as e:
