@@ -70,7 +70,7 @@ def in_process_daemon(url: str) -> Iterator[tuple[Any, Any]]:
         cfg = load(cfg_path)
         d = Daemon(cfg, Path(tmp))
         d._trace = TraceWriter(Path(tmp) / "trace.jsonl", cfg.state.trace_max_bytes, {"url": url})
-        d.act = Act(cfg, Path(tmp), d._act_event, d.http)
+        d.act = Act(cfg, Path(tmp), d._act_event, d.http, {})
         watcher = build_watcher(cfg, d.http, [d._count, d._write_trace])
         for _ in range(50):  # warm up: past starting
             d.one_pass(watcher)

@@ -4,7 +4,7 @@ worker headless in its own network, PID and mount namespaces behind a real sshd 
 1. Healthy, under load: every rank on both nodes, each named with its node; the worker node's own log tail (the
    file its agent config allows, named by the head's ``[[nodes]]`` entry) in the bundle; the clock offset; exit 0.
 2. The link to the worker cut (veth down): the head's own evidence is there, the worker's is missing and said so
-   ("node worker1 unreachable"), exit 1 (incomplete); the link restored before the end.
+   ("node worker1: unreachable"), exit 1 (incomplete); the link restored before the end.
 """
 
 from __future__ import annotations
@@ -72,5 +72,5 @@ def test_dump_with_the_link_cut_says_the_node_is_missing(pair: TwoNodeVllm, tmp_
     worker = nodes["worker1"]
     assert worker["reachable"] is False and worker["evidence"] == "missing" and worker["processes"] == []
     problems: list[str] = worker["problems"]  # type: ignore[assignment]
-    assert problems and all(p.startswith("node worker1 unreachable: ") for p in problems), problems
+    assert problems and all(p.startswith("node worker1: unreachable: ") for p in problems), problems
     pair.wait_ready(60)  # the engine still serves once the link is back

@@ -22,9 +22,11 @@ def load(name: str, root: Path = DATA) -> tuple[Capture, dict[str, Any]]:
     m: dict[str, Any] = json.loads((d / "manifest.json").read_text())
     procs, rounds = [], [{}, {}]  # type: ignore[var-annotated]
     for p in m["processes"]:
-        key = p["pid"]  # the capture's key (another node's process: not its pid there, which is node_pid)
-        procs.append(EngineProcess(key, Role(p["role"]), p["title"].split(" on node ")[0], dict(p["ranks"]),
-                                   None, p["node"], p.get("node_pid")))
+        # the stored bundles' format: another node's process has its pid there in "node_pid", and "pid" (a number
+        # unique across nodes) names its dump files
+        key, pid = p["pid"], p.get("node_pid", p["pid"])
+        procs.append(EngineProcess(pid, Role(p["role"]), p["title"].split(" on node ")[0], dict(p["ranks"]),
+                                   None, p["node"]))
         cpu = p.get("cpu_seconds_between_captures") or 0.0
         quiet = p.get("cpu_in_quiet_pauses")
         for n, rnd in enumerate(rounds, 1):
@@ -32,8 +34,9 @@ def load(name: str, root: Path = DATA) -> tuple[Capture, dict[str, Any]]:
             found = sorted(d.glob(f"dumps/round{n}-{key}-*.json"))
             text = found[0].read_text() if found else ""
             gap = float(quiet[1]) if quiet else 2.0  # the rounds as far apart as they were taken
-            rnd[key] = Dump(key, gap * (n - 1), bool(text.strip()), text, "" if text.strip() else "not read", False,
-                            facts, quiet=tuple(quiet) if quiet and n > 1 else None)
+            rnd[procs[-1].id] = Dump(pid, gap * (n - 1), bool(text.strip()), text,
+                                     "" if text.strip() else "not read", False, facts,
+                                     quiet=tuple(quiet) if quiet and n > 1 else None)
     ring = d / "ring.json"  # none where no ring was read (TP=1: EngineCore has no workers)
     rings = tuple(ring_from_json(r, r.get("node", "local")) for r in json.loads(ring.read_text())) \
         if ring.exists() else ()

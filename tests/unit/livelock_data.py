@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from watchdog.core.processes import Capture, Dump, EngineProcess, ProcFacts
+from watchdog.core.processes import LOCAL, Capture, Dump, EngineProcess, ProcessId, ProcFacts
 from watchdog.core.roles import Role
 from watchdog.evidence.explain.findings import PageWork
 
@@ -25,7 +25,7 @@ def load(fault: str, root: Path = DATA) -> tuple[Capture, PageWork | None, dict[
         for pid, f in rnd.items():
             facts = ProcFacts(f["state"], f["wchan"], f["cpu_seconds"], f["threads"]) if f["state"] else None
             output = (d / f["file"]).read_text() if f["ok"] else ""
-            dumps[int(pid)] = Dump(int(pid), f["t"], f["ok"], output, "" if f["ok"] else "not read",
+            dumps[ProcessId(LOCAL, int(pid))] = Dump(int(pid), f["t"], f["ok"], output, "" if f["ok"] else "not read",
                                    f["nonblocking"], facts)
         rounds.append(dumps)
     page = PageWork(raw["page"]["running"], raw["page"]["waiting"]) if raw["page"] else None

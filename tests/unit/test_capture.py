@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.facts import says
-from watchdog.core.processes import EngineProcess, Failure
+from watchdog.core.processes import LOCAL, EngineProcess, Failure, Problem, ProcessId
 from watchdog.core.roles import Role
 from watchdog.core.types import Decision
 from watchdog.evidence.collect.capture import (
@@ -227,7 +227,7 @@ def test_pyspy_missing() -> None:
     assert runner.calls == []
     assert len(c.rounds) == 2
     assert all(not d.ok and d.error == MISSING_HINT for r in c.rounds for d in r.values())
-    assert c.problems == (MISSING_HINT,) and not c.complete
+    assert c.problems == (Problem(MISSING_HINT),) and not c.complete
     assert c.options["pyspy"] is None
 
 
@@ -261,11 +261,11 @@ def test_process_exiting_between_rounds() -> None:
         c = Capturer(PYSPY, runner=FakeRunner(answer)).capture(procs, rounds=2, gap=0.25, sleep=gap)
     finally:
         _end(short)
-    assert [sorted(r) for r in c.rounds] == [sorted([live, short.pid])] * 2
-    assert c.rounds[0][short.pid].ok and c.rounds[1][live].ok
-    gone = c.rounds[1][short.pid]
+    assert [sorted(r) for r in c.rounds] == [sorted([ProcessId(LOCAL, live), procs[1].id])] * 2
+    assert c.rounds[0][procs[1].id].ok and c.rounds[1][ProcessId(LOCAL, live)].ok
+    gone = c.rounds[1][procs[1].id]
     assert not gone.ok and gone.failure is Failure.GONE and says(gone.error, "exited") and gone.facts is None
-    assert c.problems == (gone.error,) and not c.complete
+    assert c.problems == (Problem(gone.error),) and not c.complete
     assert c.options == {"native": False, "native_pids": [], "locals": False, "rounds": 2, "gap_seconds": 0.25,
                          "pyspy": PYSPY}
 
@@ -273,7 +273,7 @@ def test_process_exiting_between_rounds() -> None:
 def test_capture_with_no_process_says_so() -> None:
     c = Capturer(PYSPY, runner=FakeRunner(ok_answer)).capture([], rounds=2, gap=0, sleep=lambda s: None)
     assert c.rounds == ({}, {}) and not c.complete
-    assert c.problems and "no engine process found" in c.problems[0]
+    assert c.problems and "no engine process found" in c.problems[0].text
 
 
 def test_dump_all_parallel_keeps_pid_mapping() -> None:
@@ -308,7 +308,7 @@ def test_real_pyspy_dump_of_a_real_sleeper(sleeper: subprocess.Popen[bytes]) -> 
     assert pyspy is not None, "py-spy is missing from the venv"
     proc = EngineProcess(sleeper.pid, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})
     c = Capturer(pyspy, timeout=30).capture([proc], rounds=2, gap=0.1)
-    dumps = [r[sleeper.pid] for r in c.rounds]
+    dumps = [r[proc.id] for r in c.rounds]
     assert all(d.ok for d in dumps), f"py-spy could not dump a child process here: {[d.error for d in dumps]}"
     assert c.complete and c.problems == ()
     ps = parse_pyspy_json(json.loads(dumps[0].output), pid=sleeper.pid, title=proc.title)
@@ -355,13 +355,13 @@ def test_native_unreadable_falls_back_to_python_only_and_says_so() -> None:
     pid = os.getpid()
     c = Capturer(PYSPY, native=True, runner=runner).capture(
         [EngineProcess(pid, Role.WORKER, "VLLM::Worker_TP0")], rounds=1, gap=0)
-    d = c.rounds[0][pid]
+    d = c.rounds[0][ProcessId(LOCAL, pid)]
     assert d.ok and d.failure is Failure.NATIVE_UNREADABLE and json.loads(d.output)[0]["frames"]
     assert d.error.startswith("--native could not be read (Error: Failed to unwind native stack: no unwind info): "
                               "Python-only stacks, taken again without --native")
     assert runner.argvs == [[PYSPY, "dump", "--json", "--pid", str(pid), "--native"],
                             [PYSPY, "dump", "--json", "--pid", str(pid)]]
-    assert c.complete and c.problems == (d.error,)  # read, but the incident says what was lost
+    assert c.complete and c.problems == (Problem(d.error),)  # read, but the incident says what was lost
 
 
 def test_native_and_python_both_failing_is_a_failure_not_a_fallback() -> None:
@@ -392,10 +392,10 @@ def test_real_timeout_of_a_hanging_pyspy(tmp_path: Path, sleeper: subprocess.Pop
     hanging.chmod(0o755)
     c = Capturer(str(hanging), timeout=0.5).capture(
         [EngineProcess(sleeper.pid, Role.WORKER, "VLLM::Worker_TP0")], rounds=1, gap=0)
-    d = c.rounds[0][sleeper.pid]
+    d = c.rounds[0][ProcessId(LOCAL, sleeper.pid)]
     assert not d.ok and d.failure is Failure.TIMEOUT
     assert d.error.startswith("py-spy timed out after 0.5s: the process may be in uninterruptible sleep (state D")
-    assert "it was in state S" in d.error and d.error in c.problems
+    assert "it was in state S" in d.error and Problem(d.error) in c.problems
     f = assess(c, work_pending=True)
     assert f.decision is Decision.UNDECIDED and "py-spy timed out after 0.5s" in f.reason
 
@@ -451,9 +451,9 @@ def test_quiet_pause_cpu_is_measured_between_rounds_with_no_pyspy_attached(sleep
         _end(burner)
     assert all(d.quiet is None for d in c.rounds[0].values())
     for later in c.rounds[1:]:
-        burn, sleep = later[burner.pid].quiet, later[sleeper.pid].quiet
+        burn, sleep = later[procs[0].id].quiet, later[procs[1].id].quiet
         assert burn is not None and sleep is not None
         assert 0.8 <= burn[1] < 5 and 0.8 <= sleep[1] < 5  # the pause itself, not the dumps around it
         assert burn[0] > 0.05 and sleep[0] < 0.05  # the spinner spun; the sleeper slept
-    got = dump_from_json(json.loads(json.dumps(dump_to_json(c.rounds[1][burner.pid]))), burner.pid, 0.0)
-    assert got == c.rounds[1][burner.pid]  # it crosses the wire from another node's agent unchanged
+    got = dump_from_json(json.loads(json.dumps(dump_to_json(c.rounds[1][procs[0].id]))), burner.pid, 0.0)
+    assert got == c.rounds[1][procs[0].id]  # it crosses the wire from another node's agent unchanged

@@ -38,7 +38,7 @@ def test_timeouts_are_read_at_start_and_when_the_engine_comes_back(tmp_path: Pat
         cfg_path.write_text(f'{FAST}[engine]\nurl = "{url}"\n[state]\ndir = "{tmp_path}"\n[gpu]\nenabled = false\n')
         cfg = load(cfg_path)
         d = Daemon(cfg, tmp_path)
-        d.act = Act(cfg, tmp_path, d._act_event, d.http)
+        d.act = Act(cfg, tmp_path, d._act_event, d.http, {})
         watcher = build_watcher(cfg, d.http, [d._count])
         try:
             def states() -> list[State]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.facts import line_of, says
-from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, ProcFacts
+from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, Problem, ProcessId, ProcFacts
 from watchdog.core.types import Decision, incident_id
 from watchdog.evidence.bundle import write as bundle
 from watchdog.evidence.bundle.write import BundleError, BundleHeader, list_bundles, prune, write_bundle
@@ -117,14 +117,14 @@ def dump(p: EngineProcess, frames: Frames | None, state: str = "S", cpu: float =
     return Dump(p.pid, t, True, pyspy_json(p.pid, frames), nonblocking=state == "T", facts=facts, seconds=0.2)
 
 
-def rounds(*per_round: Round) -> tuple[dict[int, Dump], ...]:
-    return tuple({pid: dump(BY_PID[pid], fr, st, cpu, t=3.0 * i) for pid, (fr, st, cpu) in r.items()}
+def rounds(*per_round: Round) -> tuple[dict[ProcessId, Dump], ...]:
+    return tuple({BY_PID[pid].id: dump(BY_PID[pid], fr, st, cpu, t=3.0 * i) for pid, (fr, st, cpu) in r.items()}
                  for i, r in enumerate(per_round))
 
 
 def capture(*per_round: Round,
             procs: Sequence[EngineProcess] = PROCS, problems: tuple[str, ...] = ()) -> Capture:
-    return Capture(tuple(procs), rounds(*per_round), problems,
+    return Capture(tuple(procs), rounds(*per_round), tuple(Problem(p) for p in problems),
                    {"native": False, "locals": False, "rounds": len(per_round), "gap_seconds": 3.0, "pyspy": "py-spy"})
 
 
@@ -235,7 +235,8 @@ def test_failed_dump_for_a_worker_is_undecided_with_its_error() -> None:
     r = stopped_tp1_round(20.0)
     caps = capture(r, r)
     bad = Dump(TP0.pid, 0.0, False, "", PTRACE_HINT, facts=ProcFacts("R", "", 20.0, 4))
-    caps = Capture(caps.processes, tuple({**rnd, TP0.pid: bad} for rnd in caps.rounds), (PTRACE_HINT,), caps.options)
+    caps = Capture(caps.processes, tuple({**rnd, TP0.id: bad} for rnd in caps.rounds), (Problem(PTRACE_HINT),),
+                   caps.options)
     f = assess(caps, work_pending=True)
     assert f.decision is Decision.UNDECIDED and "incomplete capture" in f.reason and PTRACE_HINT in f.reason
     assert f.problems == (PTRACE_HINT,)
@@ -267,7 +268,7 @@ def test_single_round_is_undecided() -> None:
 
 
 def test_no_engine_process_is_undecided() -> None:
-    f = assess(Capture((), ({}, {}), ("no engine process found",)), work_pending=None)
+    f = assess(Capture((), ({}, {}), (Problem("no engine process found"),)), work_pending=None)
     assert f.decision is Decision.UNDECIDED and f.processes == () and not f.complete
 
 
@@ -279,7 +280,7 @@ def context(**kw: Any) -> Context:
         "metrics_page": 'vllm:num_requests_running{engine="0",model_name="m"} 4.0\n',
         "log_tail": f"INFO 10:00:00 core.py:1] {RING_WARNING} in 60 seconds\n", "log_source": "/var/log/vllm.log",
         "ring_warnings": 1, "versions": {"watchdog": "0.1.0", "vllm": "0.32.0", "py-spy": "0.4.1"},
-        "problems": ("nvidia-smi failed (exit 9): no GPU",)}
+        "problems": (Problem("nvidia-smi failed (exit 9): no GPU"),)}
     return Context(**(base | kw))
 
 
@@ -319,7 +320,7 @@ def test_bundle_contents_and_manifest(tmp_path: Path) -> None:
     assert sorted(m["files"]) == sorted(str(f.relative_to(path)) for f in path.rglob("*")
                                         if f.is_file() and f.name not in ("manifest.json", "summary.md"))
     raw = path / "dumps" / "round1-102-VLLM-Worker_TP0.json"
-    assert raw.read_text() == stuck_capture().rounds[0][102].output
+    assert raw.read_text() == stuck_capture().rounds[0][TP0.id].output
     assert len(list((path / "dumps").iterdir())) == 8  # 4 processes x 2 rounds
     assert (path / "dumps" / "round2-100-process.json").is_file()  # the untitled API server
     assert (path / "metrics.txt").read_text().startswith("vllm:num_requests_running")
@@ -459,7 +460,7 @@ def test_log_tail_missing_file_is_a_problem(tmp_path: Path, monkeypatch: pytest.
     assert (text, where) == ("", str(missing))
     assert says(problem, "log file", str(missing), "No such file or directory"), problem  # the path and the OS
     ctx = gather(EngineHTTP(f"http://127.0.0.1:{_closed_port()}"), "", LogSource(file=str(missing)), [], None, Runner())
-    assert ctx.problems == (problem,) and ctx.ring_warnings == 0
+    assert ctx.problems == (Problem(problem),) and ctx.ring_warnings == 0
 
 
 def test_log_tail_from_journal_and_docker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -567,12 +568,12 @@ def test_failure_kinds_reach_the_reason_manifest_and_summary(tmp_path: Path) -> 
     for taken in caps.rounds:
         rnd = dict(taken)
         for p in (TP0, TP1):
-            rnd[p.pid] = Dump(p.pid, 0.0, False, "", denied, facts=ProcFacts("R", "", 20.0, 4),
+            rnd[p.id] = Dump(p.pid, 0.0, False, "", denied, facts=ProcFacts("R", "", 20.0, 4),
                               failure=Failure.DENIED)
-        e = rnd[ENGINE.pid]
-        rnd[ENGINE.pid] = Dump(e.pid, e.t, True, e.output, native, facts=e.facts, failure=Failure.NATIVE_UNREADABLE)
+        e = rnd[ENGINE.id]
+        rnd[ENGINE.id] = Dump(e.pid, e.t, True, e.output, native, facts=e.facts, failure=Failure.NATIVE_UNREADABLE)
         rounds_.append(rnd)
-    caps = Capture(caps.processes, tuple(rounds_), (native, denied), caps.options)
+    caps = Capture(caps.processes, tuple(rounds_), (Problem(native), Problem(denied)), caps.options)
     f = assess(caps, work_pending=True)
     assert f.decision is Decision.UNDECIDED
     assert says(f.reason, "incomplete", "VLLM::Worker_TP0", "VLLM::Worker_TP1", denied), f.reason

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from watchdog.core.processes import LOCAL, ProcessId
 from watchdog.core.roles import Role
 from watchdog.evidence.explain.classes import Cls
 from watchdog.evidence.explain.ranks import classify
@@ -102,9 +103,10 @@ def test_a_stopped_process_is_never_passed_off_as_native_stacks(tmp_path: Path) 
             os.kill(p.pid, signal.SIGCONT)
             p.kill()
             p.wait(10)
-    assert all(r[stopped.pid].ok and r[stopped.pid].nonblocking for r in cap.rounds)
-    assert "parked" in cap.rounds[-1][stopped.pid].output
-    native = cap.native[stopped.pid]
+    assert all(r[ProcessId(LOCAL, stopped.pid)].ok and r[ProcessId(LOCAL, stopped.pid)].nonblocking for r in cap.rounds)
+    assert "parked" in cap.rounds[-1][ProcessId(LOCAL, stopped.pid)].output
+    native = cap.native[ProcessId(LOCAL, stopped.pid)]
     assert not native.ok and native.error == STOPPED_NATIVE and native.failure is Failure.NATIVE_UNREADABLE
     assert not [a for a in argvs if str(stopped.pid) in a and "--native" in a], argvs
-    assert cap.native[running.pid].ok and [a for a in argvs if str(running.pid) in a and "--native" in a]
+    assert cap.native[ProcessId(LOCAL, running.pid)].ok
+    assert [a for a in argvs if str(running.pid) in a and "--native" in a]

@@ -15,7 +15,7 @@ from tests.facts import says
 from tests.fakes import FakeGpuSource
 from tests.unit.test_evidence_bundle import context, incident
 from watchdog.config.gpu import GpuSection
-from watchdog.core.processes import Capture, Dump, EngineProcess, ProcFacts
+from watchdog.core.processes import LOCAL, Capture, Dump, EngineProcess, ProcessId, ProcFacts
 from watchdog.core.roles import Role
 from watchdog.core.types import State, Transition
 from watchdog.evidence.bundle.coordinator import EvidenceCoordinator
@@ -135,10 +135,11 @@ def capture() -> Capture:
         return Dump(pid, t, True, (BUNDLE / "dumps" / name).read_text(), facts=facts)
 
     cpu = {pid: p["cpu_seconds_between_captures"] or 0.0 for pid, p in procs.items()}
-    rounds = tuple({pid: dump(f"round{i}-{pid}-{title}.json", pid, WALL - 3 + 2 * i, 10 + (i - 1) * cpu[pid])
+    rounds = tuple({ProcessId(LOCAL, pid): dump(f"round{i}-{pid}-{title}.json", pid, WALL - 3 + 2 * i,
+                                                10 + (i - 1) * cpu[pid])
                     for pid, title in ((678, "VLLM-APIServer"), (679, "VLLM-Worker_TP0"))} for i in (1, 2))
     return Capture((API, TP0), rounds, (), dict(MANIFEST["capture_options"]),
-                   {679: dump("native-679-VLLM-Worker_TP0.json", 679, WALL, 14.0)})
+                   {TP0.id: dump("native-679-VLLM-Worker_TP0.json", 679, WALL, 14.0)})
 
 
 def bundle(tmp_path: Path, ev: GpuEvidence) -> tuple[dict[str, Any], str]:

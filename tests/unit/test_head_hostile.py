@@ -37,7 +37,7 @@ from tests.harness.hostile import NOBODY, fake_ssh, nobodys_dir, started
 from tests.harness.sshnode import SshNode, keygen
 from watchdog.cli.nodes import check_node
 from watchdog.config.load import Config, load
-from watchdog.core.processes import Capture, Dump, EngineProcess
+from watchdog.core.processes import Capture, Dump, EngineProcess, Problem
 from watchdog.core.roles import Role
 from watchdog.evidence.collect.context import Context
 from watchdog.evidence.explain.findings import assess
@@ -91,11 +91,12 @@ def test_an_answer_nested_past_the_parsers_recursion_is_a_problem_not_a_crash(
     (answers / "stacks").write_text('{"ok": true, "capture": ' + "[" * 100000 + "]" * 100000 + "}")
     c = capture_of(cfg, link)  # today: RecursionError out of the capture
     assert c.unseen_nodes == ("worker1",)
-    assert any("no stacks" in p and "deeper than" in p for p in c.problems), c.problems
+    assert any(p.node == "worker1" and "no stacks" in p.text and "deeper than" in p.text
+               for p in c.problems), c.problems
 
 
 @pytest.mark.parametrize(("process", "says"), [
-    ({**PROC, "pid": (1 << 23) | 7}, "not a pid"),  # its key would be another node's (index 1) process's
+    ({**PROC, "pid": 1 << 22}, "not a pid"),  # above the kernel's highest pid_max
     ({**PROC, "pid": -7}, "not a pid"),
     ({**PROC, "pid": True}, "not a pid"),
     ({**PROC, "pid": "7"}, "not a pid"),
@@ -108,7 +109,7 @@ def test_a_process_that_cannot_be_a_nodes_is_refused(hostile_node: tuple[Config,
     cfg, answers, link = hostile_node
     (answers / "stacks").write_text(stacks_answer([process], [[{**DUMP, "pid": process["pid"]}]]))
     c = capture_of(cfg, link)
-    assert c.processes == () and any(says in p for p in c.problems), c.problems
+    assert c.processes == () and any(says in p.text for p in c.problems), c.problems
 
 
 def test_titles_and_problems_are_cleaned(hostile_node: tuple[Config, Path, NodeLink]) -> None:
@@ -121,7 +122,7 @@ def test_titles_and_problems_are_cleaned(hostile_node: tuple[Config, Path, NodeL
     [p] = c.processes
     assert "\n" not in p.title and "\x1b" not in p.title and "\x07" not in p.title
     assert p.title.startswith("VLLM::Worker_TP1\ufffd## culprit") and p.title.endswith("on node worker1")
-    assert "node worker1: a\ufffdforged line" in c.problems
+    assert Problem("a\ufffdforged line", "worker1") in c.problems
 
 
 @pytest.mark.parametrize(("dump", "says"), [
@@ -136,7 +137,7 @@ def test_a_dump_with_loose_fields_is_refused(hostile_node: tuple[Config, Path, N
     cfg, answers, link = hostile_node
     (answers / "stacks").write_text(stacks_answer([PROC], [[dump]]).replace('"1e400"', "1e400"))
     c = capture_of(cfg, link)
-    assert any(says in p for p in c.problems), c.problems
+    assert any(says in p.text for p in c.problems), c.problems
 
 
 def test_a_context_of_the_wrong_shapes_is_read_as_nothing(hostile_node: tuple[Config, Path, NodeLink]) -> None:
@@ -376,9 +377,9 @@ def test_a_silent_stream_is_ended_and_started_again(sshd: SshNode, tmp_path: Pat
 
 
 def test_a_hostile_pyspy_json_is_unreadable_not_a_crash() -> None:
-    proc = EngineProcess((1 << 23) | 7, Role.WORKER, "VLLM::Worker_TP1 on node w", {"TP": 1}, node="w", node_pid=7)
+    proc = EngineProcess(7, Role.WORKER, "VLLM::Worker_TP1 on node w", {"TP": 1}, node="w")
     deep = Dump(proc.pid, 0.0, True, "[" * 100000 + "]" * 100000)
-    f = assess(Capture((proc,), ({proc.pid: deep}, {proc.pid: deep})), work_pending=True)  # today: RecursionError
+    f = assess(Capture((proc,), ({proc.id: deep}, {proc.id: deep})), work_pending=True)  # today: RecursionError
     assert f.processes[0].explanation is None
     frames = json.dumps([{"thread_id": 1, "frames": [{"name": "f\n## forged\x1b[2J", "filename": "a.py", "line": 1}]}])
     [stack] = parse_any(frames)

@@ -27,7 +27,7 @@ from tests.unit.test_evidence_bundle import (
     stuck_capture,
 )
 from tests.unit.test_gpu_tp2 import WEDGE1, _views
-from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, ProcFacts
+from watchdog.core.processes import LOCAL, Capture, Dump, EngineProcess, Failure, Problem, ProcessId, ProcFacts
 from watchdog.core.roles import Role
 from watchdog.core.runbooks import Runbook
 from watchdog.core.types import Decision
@@ -35,7 +35,7 @@ from watchdog.evidence.explain.findings import Findings, assess
 from watchdog.evidence.explain.headline import GpuSaid, Headline, compose
 from watchdog.evidence.gpu.culprit import gpu_culprit
 from watchdog.evidence.gpu.ras_status import parse_ras
-from watchdog.nodes.remote import KEY_SHIFT, NodeCapture, merge
+from watchdog.nodes.remote import NodeCapture, merge
 
 HEAD = (API, ENGINE, TP0)  # the head's processes when Worker_TP1 runs on node worker1
 
@@ -60,11 +60,10 @@ def head_round(tp0: list[tuple[str, str, int]] = WORKER_ALLREDUCE) -> Round:
 
 
 def on_worker1(frames: list[tuple[str, str, int]] | None, state: str, failure: Failure | None = None) -> NodeCapture:
-    """Worker_TP1 on node worker1, as its agent answered (its pid keyed into the merged capture)."""
-    tp1 = EngineProcess(103, Role.WORKER, "VLLM::Worker_TP1", {"TP": 1}, 1)
-    keyed = replace(tp1, pid=(1 << KEY_SHIFT) | tp1.pid, node="worker1", node_pid=tp1.pid)
-    rounds = tuple({keyed.pid: replace(dump(keyed, frames, state, t=t), failure=failure)} for t in (0.0, 3.0))
-    return NodeCapture("worker1", (keyed,), rounds)
+    """Worker_TP1 on node worker1, as its agent answered (keyed by its node and its pid there)."""
+    tp1 = EngineProcess(103, Role.WORKER, "VLLM::Worker_TP1", {"TP": 1}, 1, node="worker1")
+    rounds = tuple({tp1.id: replace(dump(tp1, frames, state, t=t), failure=failure)} for t in (0.0, 3.0))
+    return NodeCapture("worker1", (tp1,), rounds)
 
 
 # -- a stopped rank --------------------------------------------------------------------------------------------
@@ -104,7 +103,7 @@ def test_a_peer_gone_on_this_node() -> None:
     cap = capture(rnd, rnd)
     gone = Dump(TP1.pid, 0.0, False, "", "the process exited", facts=ProcFacts("Z", "", 7.0, 1),
                 failure=Failure.GONE)
-    cap = replace(cap, rounds=tuple({**r, TP1.pid: gone} for r in cap.rounds))
+    cap = replace(cap, rounds=tuple({**r, TP1.id: gone} for r in cap.rounds))
     f, h = said(cap)
     assert f.decision is Decision.UNDECIDED  # a rank not read: the metric window decides, the headline still says
     assert h.runbook is Runbook.PEER_WAIT and h.culprit == "Worker_TP1"
@@ -124,7 +123,7 @@ def test_a_peer_missing_from_the_processes() -> None:
     rnd = head_round()
     cap = capture(rnd, rnd, procs=HEAD)
     cap = replace(cap, processes=(*HEAD, tp2),
-                  rounds=tuple({**r, tp2.pid: dump(tp2, WORKER_ALLREDUCE, "R", 20.0, t=r[TP0.pid].t)}
+                  rounds=tuple({**r, tp2.id: dump(tp2, WORKER_ALLREDUCE, "R", 20.0, t=r[TP0.id].t)}
                                for r in cap.rounds))
     _, h = said(cap)
     assert h.runbook is Runbook.PEER_WAIT and h.culprit is None
@@ -133,8 +132,8 @@ def test_a_peer_missing_from_the_processes() -> None:
 
 def test_a_peer_on_a_node_whose_stacks_could_not_be_taken() -> None:
     base = capture(head_round(), head_round(), procs=HEAD)
-    failed = NodeCapture("worker1", problems=("node worker1 unreachable: no stacks: timed out",), reachable=False,
-                         failed=True)
+    failed = NodeCapture("worker1", problems=(Problem("unreachable: no stacks: timed out", "worker1"),),
+                         reachable=False, failed=True)
     cap = merge(base, [failed])
     f, h = said(cap)
     assert f.decision is Decision.UNDECIDED
@@ -144,7 +143,7 @@ def test_a_peer_on_a_node_whose_stacks_could_not_be_taken() -> None:
 
 def test_a_node_not_seen_with_no_rank_in_a_collective_is_the_blind_node_page() -> None:
     base = capture(head_round(WORKER_IDLE), head_round(WORKER_IDLE), procs=HEAD)
-    failed = NodeCapture("worker1", problems=("node worker1 unreachable",), reachable=False, failed=True)
+    failed = NodeCapture("worker1", problems=(Problem("unreachable", "worker1"),), reachable=False, failed=True)
     _, h = said(merge(base, [failed]))
     assert h.runbook is Runbook.BLIND_NODE and says(h.text, "no stacks", "worker1"), h.text
 
@@ -165,7 +164,7 @@ def wedge1() -> Capture:
     """The recorded bundle's two rounds of every process, with its /proc states and CPU between the rounds."""
     m = json.loads((WEDGE1 / "manifest.json").read_text())
     procs = tuple(EngineProcess(p["pid"], Role(p["role"]), p["title"], dict(p["ranks"])) for p in m["processes"])
-    rounds = tuple({p["pid"]: Dump(p["pid"], 3.0 * i, True,
+    rounds = tuple({ProcessId(LOCAL, p["pid"]): Dump(p["pid"], 3.0 * i, True,
                                    next(WEDGE1.glob(f"dumps/round{i}-{p['pid']}-*.json")).read_text(),
                                    facts=ProcFacts(p["state"], "", (i - 1) * p["cpu_seconds_between_captures"], 4))
                     for p in m["processes"]} for i in (1, 2))

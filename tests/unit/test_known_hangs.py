@@ -62,7 +62,7 @@ def lost_wakeup(version: str) -> Capture:
     busy, idle = recorded(version, "stopped_worker"), recorded(version, "idle")
     engine = next(p for p in busy.processes if p.role == Role.ENGINE_CORE)
     workers = [p for p in idle.processes if p.role == Role.WORKER]
-    rounds = tuple({engine.pid: b[engine.pid], **{w.pid: i[w.pid] for w in workers}}
+    rounds = tuple({engine.id: b[engine.id], **{w.id: i[w.id] for w in workers}}
                    for b, i in zip(busy.rounds, idle.rounds, strict=True))
     return Capture((engine, *workers), rounds)
 

@@ -204,7 +204,8 @@ def test_a_writer_on_a_full_ring_with_a_reader_that_stopped_reading_is_parked() 
 
 def _spread(cap: Capture, seconds: float, quiet: dict[int, tuple[float, float]] | None) -> Capture:
     """The last round taken ``seconds`` after the first, each process's quiet pause set (None: not measured)."""
-    last = {pid: replace(d, t=d.t - 3.0 + seconds, quiet=(quiet or {}).get(pid)) for pid, d in cap.rounds[-1].items()}
+    last = {key: replace(d, t=d.t - 3.0 + seconds, quiet=(quiet or {}).get(key.pid))
+            for key, d in cap.rounds[-1].items()}
     return replace(cap, rounds=(*cap.rounds[:-1], last))
 
 

@@ -4,7 +4,7 @@
 - the log: the head's ``[[nodes]]`` entry says which log it wants; the node's agent reads it only if its own config
   allows exactly that source (else refuses, said in the answer and its audit log); an entry naming none gets the
   node's own; the bundle holds each node's own tail (``log-tail-<node>.txt``);
-- ``watchdog dump --json`` per node: processes with their node, dumps, clock offset, log, problems ("node worker2
+- ``watchdog dump --json`` per node: processes with their node, dumps, clock offset, log, problems ("node worker2:
   unreachable"), and whether that node's evidence is complete, partial or missing.
 """
 
@@ -25,12 +25,13 @@ from tests.facts import line_of, says
 from tests.harness.sshnode import SshNode
 from tests.unit.test_layout import IO, reach
 from watchdog.config.load import Config, load
-from watchdog.core.processes import Capture, Dump, EngineProcess
+from watchdog.core.processes import Capture, Dump, EngineProcess, Problem
 from watchdog.core.roles import Role
 from watchdog.evidence.bundle.per_node import node_lines, per_node
 from watchdog.evidence.collect.context import RING_WARNING, Context
 from watchdog.nodes.protocol import LogRefused, ProtocolError, choose_log
 from watchdog.nodes.remote import RemoteEvidence
+from watchdog.nodes.transport import close_links, open_links
 
 RANK = "import time\nwhile True:\n    time.sleep(0.2)\n"
 
@@ -61,11 +62,12 @@ def config(node: SshNode, tmp_path: Path, log: str = "", extra: str = "") -> Con
 
 
 def context_of(node: SshNode, tmp_path: Path, log: str = "") -> Context:
-    remote = RemoteEvidence(config(node, tmp_path, log))
+    cfg = config(node, tmp_path, log)
+    links = open_links(cfg.nodes)
     try:
-        return remote.context(Context(log_tail="ours\n", log_source="/var/log/ours.log"))
+        return RemoteEvidence(cfg, links).context(Context(log_tail="ours\n", log_source="/var/log/ours.log"))
     finally:
-        remote.close()
+        close_links(links)
 
 
 def test_choose_log_is_one_rule() -> None:
@@ -96,7 +98,7 @@ def test_the_head_names_the_nodes_own_log_and_gets_it(node: SshNode, tmp_path: P
     assert ctx.log_tail == "ours\n" and ctx.log_source == "/var/log/ours.log"  # ours stays ours
     assert ctx.ring_warnings == 1  # counted in the node's tail
     assert nc.versions["watchdog"] and ctx.versions["watchdog (node worker1)"] == nc.versions["watchdog"]
-    assert not [p for p in ctx.problems if "worker1" in p]
+    assert not [p for p in ctx.problems if p.node == "worker1"]
 
 
 def test_the_head_naming_no_log_gets_the_nodes_own(node: SshNode, tmp_path: Path) -> None:
@@ -109,14 +111,14 @@ def test_another_log_than_the_node_allows_is_refused_there(node: SshNode, tmp_pa
     ctx = context_of(node, tmp_path, 'log_file = "/etc/shadow"\n')
     nc = ctx.nodes["worker1"]
     assert nc.reached and nc.log_tail == "" and nc.log_source == ""
-    refusal = f"node worker1: log refused: the head asks for log_file '/etc/shadow', but this node's config " \
-              f"allows only log_file '{node.engine_log}'"  # type: ignore[attr-defined]
+    refusal = Problem(f"log refused: the head asks for log_file '/etc/shadow', but this node's config allows only "
+                      f"log_file '{node.engine_log}'", "worker1")  # type: ignore[attr-defined]
     assert refusal in ctx.problems and nc.problems == (refusal,)
     assert nc.versions["watchdog"]  # the rest of the context still comes
     records = [json.loads(x) for x in node.audit_log.read_text()[len(before):].splitlines()]
     assert [r["asked"] for r in records if r["event"] == "log refused"] == [{"log_file": "/etc/shadow"}]
     ctx = context_of(node, tmp_path, 'journal_unit = "vllm-worker.service"\n')
-    assert any("asks for journal_unit 'vllm-worker.service'" in p for p in ctx.problems)
+    assert any("asks for journal_unit 'vllm-worker.service'" in p.text for p in ctx.problems)
 
 
 def test_a_node_that_allows_no_log_refuses_every_log(node: SshNode, tmp_path: Path) -> None:
@@ -124,7 +126,7 @@ def test_a_node_that_allows_no_log_refuses_every_log(node: SshNode, tmp_path: Pa
     node.agent_config.write_text("\n".join(x for x in original.splitlines() if not x.startswith("log_file")) + "\n")
     try:
         ctx = context_of(node, tmp_path, f'log_file = "{node.engine_log}"\n')  # type: ignore[attr-defined]
-        assert any("this node's config allows no log" in p for p in ctx.problems), ctx.problems
+        assert any("this node's config allows no log" in p.text for p in ctx.problems), ctx.problems
         assert ctx.nodes["worker1"].log_tail == ""
         assert context_of(node, tmp_path).nodes["worker1"].log_source == ""  # none named, none there: no log
     finally:
@@ -153,11 +155,11 @@ def test_dump_json_says_per_node_what_was_captured(node: SshNode, tmp_path: Path
     assert w1["log_source"] == str(node.engine_log) and w1["log_lines"] == 51  # type: ignore[attr-defined]
     assert w1["versions"]["watchdog"] and w1["problems"] == []
     assert w2["reachable"] is False and w2["evidence"] == "missing" and w2["processes"] == []
-    assert {p.split(": ")[1] for p in w2["problems"]} == {"no stacks", "no context"}, w2["problems"]
-    assert all(p.startswith("node worker2 unreachable: ") and "cannot reach the node" in p for p in w2["problems"])
+    assert {p.split(": ")[2] for p in w2["problems"]} == {"no stacks", "no context"}, w2["problems"]
+    assert all(p.startswith("node worker2: unreachable: ") and "cannot reach the node" in p for p in w2["problems"])
     assert nodes["local"]["evidence"] == "missing" and nodes["local"]["processes"] == []
     [proc] = out["processes"]
-    assert proc["node"] == "worker1" and proc["node_pid"] == w1["processes"][0]["pid"]
+    assert proc["node"] == "worker1" and proc["pid"] == w1["processes"][0]["pid"]
     assert "log-tail-worker1.txt" in out["files"]
     bundle = Path(out["bundle"])
     assert "worker line 49" in (bundle / "log-tail-worker1.txt").read_text()
@@ -172,19 +174,22 @@ def test_per_node_is_pure_and_names_what_is_missing() -> None:
     bad = {dep for dep in reach("watchdog.evidence.bundle.per_node") if dep.split(".")[0] in IO or dep in IO}
     assert not bad
     local = EngineProcess(11, Role.WORKER, "VLLM::Worker_TP0", {"TP": 0})
-    remote = EngineProcess((1 << 23) | 7, Role.WORKER, "VLLM::Worker_TP1 on node w1", {"TP": 1}, node="w1",
-                           node_pid=7)
+    remote = EngineProcess(11, Role.WORKER, "VLLM::Worker_TP1 on node w1", {"TP": 1}, node="w1")  # the same pid
     ok = Dump(11, 0.0, True, "[]")
-    capture = Capture((local, remote), ({11: ok, remote.pid: Dump(remote.pid, 0.0, False, "", "timeout")},),
+    capture = Capture((local, remote), ({local.id: ok, remote.id: Dump(11, 0.0, False, "", "timeout")},),
                       options={"nodes": {"w1": {"processes": 1, "clock_offset_s": -0.25, "reachable": True},
                                          "w2": {"processes": 0, "clock_offset_s": None, "reachable": False}}})
-    nodes = per_node(capture, {}, ["node w2 unreachable: no stacks: timed out", "node w1: pid 7: timeout",
-                                   "py-spy missing"])
-    assert nodes["local"]["evidence"] == "complete" and nodes["local"]["problems"] == ["py-spy missing"]
+    # which node a problem is of is its field, never its text ("node w1: ..." said by this host stays this host's)
+    nodes = per_node(capture, {}, [Problem("unreachable: no stacks: timed out", "w2"), Problem("pid 11: timeout", "w1"),
+                                   Problem("py-spy missing"), Problem("node w1: its log names this host")])
+    assert nodes["local"]["evidence"] == "complete"
+    assert nodes["local"]["problems"] == ["node w1: its log names this host", "py-spy missing"]
     assert nodes["w1"]["evidence"] == "missing" and nodes["w1"]["dumps"] == {"ok": 0, "failed": 1}
-    assert nodes["w1"]["processes"] == [{"pid": 7, "role": "worker", "ranks": {"TP": 1}, "title": "VLLM::Worker_TP1"}]
+    assert nodes["w1"]["processes"] == [{"pid": 11, "role": "worker", "ranks": {"TP": 1},
+                                         "title": "VLLM::Worker_TP1"}]
+    assert nodes["w1"]["problems"] == ["node w1: pid 11: timeout"]
     assert nodes["w2"]["reachable"] is False
-    assert nodes["w2"]["problems"] == ["node w2 unreachable: no stacks: timed out"]
+    assert nodes["w2"]["problems"] == ["node w2: unreachable: no stacks: timed out"]
     lines = node_lines(nodes)
     assert lines[1].startswith("node w1: evidence MISSING: 1 processes, 0 dumps ok, 1 failed, clock offset -0.250 s")
     assert "NOT REACHED" in lines[2]

@@ -25,11 +25,11 @@ from tests.unit.test_evidence_bundle import (
 )
 from watchdog.act.shm_sweep import LocalShm, NodeShm
 from watchdog.config.nodes import MAX_LOG_LINES, NodeSection, check_nodes
-from watchdog.core.processes import Capture, EngineProcess
+from watchdog.core.processes import Capture, EngineProcess, Problem, ProcessId
 from watchdog.core.roles import Role
 from watchdog.core.types import Decision
 from watchdog.evidence.explain.findings import PageWork, assess
-from watchdog.nodes.remote import KEY_SHIFT, NodeCapture, merge
+from watchdog.nodes.remote import NodeCapture, merge
 from watchdog.nodes.transport import NodeError
 
 HEAD = (API, ENGINE, TP0)  # the head's processes; Worker_TP1 runs on the other node
@@ -43,35 +43,36 @@ def head_capture() -> Capture:
 
 def test_every_rank_parked_on_both_nodes_is_stuck() -> None:
     base = head_capture()
-    tp1 = EngineProcess(103, Role.WORKER, "VLLM::Worker_TP1", {"TP": 1}, 1)
-    keyed = replace(tp1, pid=(1 << KEY_SHIFT) | tp1.pid)
-    node = NodeCapture("worker1", (keyed,), tuple({keyed.pid: dump(keyed, WORKER_IDLE, t=t)} for t in (0.0, 3.0)))
+    # the other node's rank has the pid of the head's TP0 there: another process, known by its node and pid
+    tp1 = EngineProcess(TP0.pid, Role.WORKER, "VLLM::Worker_TP1 on node worker1", {"TP": 1}, 1, node="worker1")
+    node = NodeCapture("worker1", (tp1,), tuple({tp1.id: dump(tp1, WORKER_IDLE, t=t)} for t in (0.0, 3.0)))
     merged = merge(base, [node])
     assert merged.unseen_nodes == () and merged.complete
+    assert [set(r) for r in merged.rounds] == [{*(p.id for p in HEAD), ProcessId("worker1", TP0.pid)}] * 2
     f = assess(merged, work_pending=True, page=PageWork(running=1, waiting=0))
     assert f.decision is Decision.STUCK, f.reason
 
 
 def test_a_node_without_stacks_makes_the_capture_incomplete() -> None:
     base = head_capture()
-    failed = NodeCapture("worker1", problems=("node worker1 unreachable: no stacks: timed out",), reachable=False,
-                         failed=True)
+    failed = NodeCapture("worker1", problems=(Problem("unreachable: no stacks: timed out", "worker1"),),
+                         reachable=False, failed=True)
     merged = merge(base, [failed])
     assert merged.unseen_nodes == ("worker1",) and not merged.complete
     f = assess(merged, work_pending=True, page=PageWork(running=1, waiting=0))
     assert f.decision is Decision.UNDECIDED and not f.complete, f.reason
     assert says(f.reason, "no stacks", "worker1"), f.reason
-    assert "node worker1 unreachable: no stacks: timed out" in f.problems
+    assert "node worker1: unreachable: no stacks: timed out" in f.problems
     # a node that answered with no engine process is not seen either: its ranks were not read (a wrong
     # process_prefix there, a container whose processes it cannot see), so the head's ranks alone decide nothing
-    answered = NodeCapture("worker1", problems=("node worker1: no engine process found",))
+    answered = NodeCapture("worker1", problems=(Problem("no engine process found", "worker1"),))
     f = assess(merge(base, [answered]), work_pending=True, page=PageWork(running=1, waiting=0))
     assert f.decision is Decision.UNDECIDED and says(f.reason, "no stacks", "worker1"), f.reason
 
 
 def test_the_heads_native_dumps_survive_the_merge() -> None:
     base = head_capture()
-    native = {TP0.pid: dump(TP0, WORKER_IDLE)}
+    native = {TP0.id: dump(TP0, WORKER_IDLE)}
     merged = merge(replace(base, native=native), [NodeCapture("worker1")])
     assert merged.native == native
 

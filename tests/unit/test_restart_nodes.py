@@ -336,6 +336,7 @@ def test_a_node_not_seen_makes_a_frozen_engine_blind_too_never_an_incident() -> 
 def test_the_act_stage_plans_each_node_hook_and_checks_shm_on_every_node(tmp_path: Path) -> None:
     from watchdog.act.assemble import Act
     from watchdog.act.shm_sweep import LocalShm, NodeShm
+    from watchdog.nodes.transport import close_links, open_links
 
     p = tmp_path / "w.toml"
     p.write_text('[restart]\npre_start = ["/bin/h"]\n'
@@ -343,7 +344,9 @@ def test_the_act_stage_plans_each_node_hook_and_checks_shm_on_every_node(tmp_pat
                  '[[restart.steps]]\nkind = "command"\naction = "start"\nargv = ["/start"]\nnode = "w1"\n'
                  '[[nodes]]\nname = "w1"\nhost = "10.0.0.2"\nidentity_file = "/k"\nknown_hosts_file = "/h"\n'
                  'pre_start = ["/bin/w"]\nremove_shm = true\n')
-    act = Act(load(str(p)), tmp_path, lambda _e: None, None)  # type: ignore[arg-type]  # no generation here
+    cfg = load(str(p))
+    links = open_links(cfg.nodes)
+    act = Act(cfg, tmp_path, lambda _e: None, None, links)  # type: ignore[arg-type]  # no generation here
     try:
         assert [line.split(" (")[0] for line in act.responder.plan] == [
             "command /stop", "pre-start hook", "pre-start hook on node w1", "command /start"]
@@ -351,5 +354,8 @@ def test_the_act_stage_plans_each_node_hook_and_checks_shm_on_every_node(tmp_pat
         sweepers = act.restarter.sweepers
         assert list(sweepers) == ["local", "w1"] and isinstance(sweepers["local"], LocalShm)
         assert isinstance(sweepers["w1"], NodeShm) and sweepers["w1"].remove and not sweepers["local"].remove
+        # the restart's commands and its sweep run over the node's one shared link
+        assert sweepers["w1"].link is links["w1"] and act.restarter.runners["w1"].link is links["w1"]
     finally:
         act.close()
+        close_links(links)

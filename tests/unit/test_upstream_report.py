@@ -18,7 +18,7 @@ from tests.unit.livelock_data import load
 from watchdog.cli.evidence import read_bundle
 from watchdog.cli.main import main
 from watchdog.config.load import Config
-from watchdog.core.processes import Capture, NodeContext
+from watchdog.core.processes import Capture, NodeContext, Problem
 from watchdog.evidence.bundle.redact import scrub, short_path
 from watchdog.evidence.bundle.upstream import Redaction, render
 from watchdog.evidence.bundle.write import BundleHeader, write_bundle
@@ -43,7 +43,7 @@ SALT = (TOKEN, HF, PROMPT, BEARER, HOSTNAME, ADDR, "alice", "/home/", "/root/", 
 
 def _stopped(cap: Capture, title: str) -> Capture:
     """The recorded capture with one rank in state T (as SIGSTOP leaves it), read with --nonblocking."""
-    pid = next(p.pid for p in cap.processes if p.title == title)
+    pid = next(p.id for p in cap.processes if p.title == title)
     rounds = tuple({k: dataclasses.replace(d, facts=dataclasses.replace(d.facts, state="T"), nonblocking=True)
                     if k == pid and d.facts else d for k, d in r.items()} for r in cap.rounds)
     return dataclasses.replace(cap, rounds=rounds)
@@ -51,7 +51,7 @@ def _stopped(cap: Capture, title: str) -> Capture:
 
 def _with_locals(cap: Capture, title: str) -> Capture:
     """A dump taken with py-spy --locals: the deciding frame holds a token and a prompt."""
-    pid = next(p.pid for p in cap.processes if p.title == title)
+    pid = next(p.id for p in cap.processes if p.title == title)
     rounds = []
     for r in cap.rounds:
         d = r[pid]
@@ -64,9 +64,11 @@ def _with_locals(cap: Capture, title: str) -> Capture:
 
 
 def _on_node(cap: Capture, title: str, node: str) -> Capture:
-    procs = tuple(dataclasses.replace(p, node=node, node_pid=p.pid, title=f"{p.title} on node {node}")
-                  if p.title == title else p for p in cap.processes)
-    return dataclasses.replace(cap, processes=procs)
+    moved = {p.id: dataclasses.replace(p, node=node, title=f"{p.title} on node {node}")
+             for p in cap.processes if p.title == title}
+    procs = tuple(moved.get(p.id, p) for p in cap.processes)
+    rounds = tuple({moved[k].id if k in moved else k: d for k, d in r.items()} for r in cap.rounds)
+    return dataclasses.replace(cap, processes=procs, rounds=rounds)
 
 
 def _events(state: Path, bundle: Path) -> None:
@@ -107,10 +109,10 @@ def salted_bundle(state: Path, fault: str = "livelock") -> Path:
     metrics = METRICS.read_text() + f'# HELP prompt {PROMPT}\nvllm:request_prompt{{text="{PROMPT}"}} 1\n'
     context = Context(metrics, f"HF_TOKEN={HF}\nINFO prompt: {PROMPT}\n", "docker logs --tail", 0, "",
                       {"vllm": "0.32.0", "torch": "2.9.0+cpu", "watchdog": "0.1.0", "py-spy": "0.4.1"},
-                      (f"log file /home/alice/vllm.log: {HOSTNAME} refused",),
+                      (Problem(f"log file /home/alice/vllm.log: {HOSTNAME} refused"),),
                       {"worker1": NodeContext(True, f"OPENAI_API_KEY={TOKEN}\n", "journalctl -u vllm-worker",
                                               {"vllm": "0.32.0", "torch": "2.9.0+cpu"}, 0,
-                                              (f"node worker1 unreachable once: ssh: connect to host {ADDR}",))})
+                                              (Problem(f"unreachable once: ssh: connect to host {ADDR}", "worker1"),))})
     header = BundleHeader(ID, "0", "frozen", f"no progress for 20s (http://{ADDR}:8000)", f"http://{ADDR}:8000",
                           CREATED)
     bundle = write_bundle(state / "incidents", header, cap, findings, context)

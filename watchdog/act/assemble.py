@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from watchdog.act.alerts import Alert, Dispatcher, build_dispatcher
 from watchdog.act.heartbeat import Heartbeat
 from watchdog.act.recovery import RecoveryRunner
 from watchdog.act.respond import Bundle, Responder
-from watchdog.act.restart import Restarter, RestartOutcome
+from watchdog.act.restart import Restarter, RestartOutcome, Runner
 from watchdog.act.shm_sweep import sweepers
 from watchdog.config.load import Config, Secret
 from watchdog.config.restart_plan import describe
@@ -39,8 +39,10 @@ class _NoAlerts:
 
 class Act:
     def __init__(self, cfg: Config, state_dir: Path, event: Callable[[dict[str, Any]], None],
-                 http: EngineHTTP, bundle: Bundle | None = None) -> None:
-        """``bundle(incident)``: asks the evidence stage for a freeze's or a down engine's bundle."""
+                 http: EngineHTTP, links: Mapping[str, NodeLink], bundle: Bundle | None = None) -> None:
+        """``links``: one per ``[[nodes]]`` entry (`watchdog.nodes.transport.open_links`), shared with the other
+        stages and closed by their owner; ``bundle(incident)``: asks the evidence stage for a freeze's or a down
+        engine's bundle."""
         self.cfg = cfg
         self.alerts: Dispatcher | None = build_dispatcher(cfg)
         a = cfg.alerts
@@ -48,11 +50,10 @@ class Act:
             "alerts.heartbeat_url", a.heartbeat_url_env, a.heartbeat_url_file)
         self.heartbeat = Heartbeat(hb_url, a.heartbeat_interval)
         # a step on another node runs there, through its agent ([[nodes]]; watchdog.nodes.remote.SshRunner), so do
-        # that node's pre-start hook and /dev/shm check (one shared connection a node for both)
-        self.links = {n.name: NodeLink(n) for n in cfg.nodes} if cfg.restart.steps else {}
-        runners = {"local": LocalRunner(), **node_runners(cfg, self.links)} if cfg.nodes else None
+        # that node's pre-start hook and /dev/shm check (the node's one shared connection for both)
+        runners: dict[str, Runner] | None = {"local": LocalRunner(), **node_runners(links)} if cfg.nodes else None
         restarter = Restarter(cfg.restart, runners, nodes=cfg.nodes,
-                              sweepers=sweepers(cfg, self.links)) if cfg.restart.steps else None
+                              sweepers=sweepers(cfg, links)) if cfg.restart.steps else None
         self.restarter = restarter
 
         def generate() -> tuple[bool, bool, str]:
@@ -117,5 +118,3 @@ class Act:
         self.recovery.stop()
         if self.alerts is not None:
             self.alerts.close(timeout=5.0)
-        for link in self.links.values():
-            link.close()

@@ -9,7 +9,7 @@ running has no /dev/shm of its own left, and the host's is checked (``--ipc=host
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from watchdog.act.restart import ShmReport
@@ -93,7 +93,7 @@ def _stale(answer: dict[str, Any]) -> tuple[tuple[str, int], ...]:
                  if isinstance(s, dict) and not s.get("in_use"))
 
 
-def sweepers(cfg: Config, links: dict[str, NodeLink]) -> dict[str, Callable[[], ShmReport]]:
+def sweepers(cfg: Config, links: Mapping[str, NodeLink]) -> dict[str, Callable[[], ShmReport]]:
     """One sweeper per node, local first, in config order."""
     name = cfg.capture.docker_container
     out: dict[str, Callable[[], ShmReport]] = {

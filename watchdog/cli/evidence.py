@@ -28,6 +28,7 @@ from watchdog.evidence.explain.ranks import ProcessExplanation, classify, cross_
 from watchdog.evidence.gpu.nvml import GpuMonitor, NvmlSource
 from watchdog.evidence.stacks.parse import Frame, StackParseError, parse_any
 from watchdog.nodes.remote import RemoteEvidence
+from watchdog.nodes.transport import close_links, open_links
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.fetch import MetricsFetcher
 
@@ -54,7 +55,8 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     gpu: GpuMonitor | None = GpuMonitor(NvmlSource(), g.dense_interval, g.dense_interval) if g.enabled else None
     if gpu is not None and gpu.start():
         gpu = None  # no GPU here: nothing to add
-    remote = RemoteEvidence(cfg) if cfg.nodes else None  # ssh masters and temp dirs: closed below
+    links = open_links(cfg.nodes)  # ssh masters and temp dirs: closed below
+    remote = RemoteEvidence(cfg, links) if cfg.nodes else None
     inv = Investigator(cfg, http, gpu=gpu, others=remote)
     said, c = Progress("dump"), cfg.capture
     try:
@@ -76,12 +78,11 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
     finally:
         if gpu is not None:
             gpu.stop()
-        if remote is not None:
-            remote.close()
+        close_links(links)
     f = evidence.findings
     m = json.loads((path / "manifest.json").read_text()) if path else {}
     # per node, what was captured (the bundle's, with logs and versions; else the capture's own)
-    m.setdefault("nodes", per_node(evidence.capture, {}, f.problems))
+    m.setdefault("nodes", per_node(evidence.capture, {}, evidence.capture.problems))
     # complete: every rank's stacks read, and on every node ([[nodes]]): a node that could not be reached is missing
     complete = f.complete and all(n["evidence"] != "missing" for k, n in m["nodes"].items() if k != "local")
     if args.json:
@@ -278,14 +279,15 @@ def read_bundle(bundle: Path, state_dir: Path, cfg: Config) -> BundleFiles:
         unread.append(f"manifest.json cannot be read ({e.strerror or e})")
     except ValueError as e:
         unread.append(f"manifest.json is not valid JSON ({e})")
-    latest: dict[int, tuple[int, Path, str]] = {}
+    # one process's dumps by (pid, title): another node's title ends "on node X", and pids of two nodes collide
+    latest: dict[tuple[int, str], tuple[int, Path, str]] = {}
     for path in sorted((bundle / "dumps").glob("round*.json")) if (bundle / "dumps").is_dir() else []:
         if m := _DUMP.match(path.name):
             rnd, pid, title = int(m.group(1)), int(m.group(2)), m.group(3)
-            if pid not in latest or latest[pid][0] < rnd:
-                latest[pid] = (rnd, path, re.sub(r"^(VLLM|sglang|ray)-", r"\1::", title))
+            if (pid, title) not in latest or latest[pid, title][0] < rnd:
+                latest[pid, title] = (rnd, path, re.sub(r"^(VLLM|sglang|ray)-", r"\1::", title))
     dumps = []
-    for pid, (_, path, title) in sorted(latest.items()):
+    for (pid, _), (_, path, title) in sorted(latest.items()):
         try:
             dumps.append((pid, "" if title == "process" else title, _read(path)))
         except OSError as e:

@@ -1,35 +1,63 @@
-"""What a capture holds: the engine's processes, and py-spy dumps of each with /proc facts beside them. Pure data."""
+"""What a capture holds: the engine's processes, and py-spy dumps of each with /proc facts beside them; what went
+wrong taking them, each on its node. Pure data.
+
+A process is known by its node and its pid there (`ProcessId`): pids of two nodes collide, so the capture's rounds
+are keyed by both."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from watchdog.core.ring import Ring
 from watchdog.core.roles import Role
 
+LOCAL = "local"  # this host, as a node's name
+
+
+class ProcessId(NamedTuple):
+    """One process of the stack: the node it runs on ([[nodes]] name, or "local") and its pid there."""
+
+    node: str
+    pid: int
+
+    def __str__(self) -> str:
+        """``1234`` on this host, ``worker1:1234`` on another node."""
+        return str(self.pid) if self.node == LOCAL else f"{self.node}:{self.pid}"
+
 
 @dataclass(frozen=True, slots=True)
 class EngineProcess:
-    pid: int
+    pid: int  # on its own node
     role: Role
     title: str
     ranks: dict[str, int] = field(default_factory=dict)
     ppid: int | None = None
-    node: str = "local"  # the node it runs on ([[nodes]] name); "local" is this host
-    node_pid: int | None = None  # its pid there, when ``pid`` is only the capture's key (another node's process)
+    node: str = LOCAL  # the node it runs on ([[nodes]] name); "local" is this host
+
+    @property
+    def id(self) -> ProcessId:
+        """Its key in a capture's rounds."""
+        return ProcessId(self.node, self.pid)
 
     @property
     def label(self) -> str:
         """A short, unique-ish name for reports: the title when it has one, and its node when not this host."""
-        name = self.title if self.title else f"{self.role}[{self.real_pid}]"
+        name = self.title if self.title else f"{self.role}[{self.pid}]"
         where = f" on node {self.node}"
-        return name if self.node == "local" or name.endswith(where) else name + where
+        return name if self.node == LOCAL or name.endswith(where) else name + where
 
-    @property
-    def real_pid(self) -> int:
-        """The pid on its own node."""
-        return self.node_pid if self.node_pid is not None else self.pid
+
+@dataclass(frozen=True, order=True, slots=True)
+class Problem:
+    """What went wrong taking the evidence (with its fix, where there is one), and the node it went wrong on."""
+
+    text: str
+    node: str = LOCAL
+
+    def __str__(self) -> str:
+        return self.text if self.node == LOCAL else f"node {self.node}: {self.text}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +100,12 @@ class Dump:
 @dataclass(frozen=True, slots=True)
 class Capture:
     processes: tuple[EngineProcess, ...]
-    rounds: tuple[dict[int, Dump], ...]  # one dict per capture round, by pid
-    problems: tuple[str, ...] = ()
+    rounds: tuple[dict[ProcessId, Dump], ...]  # one dict per capture round, by process
+    problems: tuple[Problem, ...] = ()
     options: dict[str, object] = field(default_factory=dict)
     # one --native dump of each process holding a GPU, after the rounds: evidence beside the Python stacks (their
     # host waits are in CUDA/NCCL frames); the rounds, not these, decide (native frames churn inside a wait)
-    native: dict[int, Dump] = field(default_factory=dict)
+    native: dict[ProcessId, Dump] = field(default_factory=dict)
     # other nodes whose stacks could not be taken at all: their ranks are missing, so "every rank" was not read
     unseen_nodes: tuple[str, ...] = ()
     # the broadcast rings' flags, read once after the rounds (watchdog.evidence.collect.ring): a written block that a
@@ -87,6 +115,10 @@ class Capture:
     @property
     def complete(self) -> bool:
         return bool(self.processes) and all(d.ok for r in self.rounds for d in r.values()) and not self.unseen_nodes
+
+    def dumps_of(self, p: EngineProcess) -> list[Dump]:
+        """``p``'s dump in each round that holds one, in round order."""
+        return [r[p.id] for r in self.rounds if p.id in r]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,4 +130,4 @@ class NodeContext:
     log_source: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     shm_segments: int | None = None
-    problems: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()

@@ -138,7 +138,7 @@ def number(value: object, what: str) -> float:
 
 
 def pid_of(value: object) -> int:
-    """A pid from the other side: a whole number 1 .. 2**22 - 1 (a node's pid keys the capture below 2**23)."""
+    """A pid from the other side: a whole number 1 .. 2**22 - 1 (the kernel's highest pid_max is 2**22)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 22:
         raise ProtocolError(f"not a pid: {clean(repr(value), 60)}")
     return value
@@ -201,9 +201,9 @@ def _ranks(value: object) -> dict[str, int]:
     return {clean(k, 16): v for k, v in value.items()}
 
 
-def process_from_json(d: object, node: str, key: int | None = None) -> EngineProcess:
-    """A process of ``node``; ``key`` replaces its pid as the capture's key (pids of two nodes may collide).
-    Every field checked: a pid in range, a known role, ranks small whole numbers, the title one printable line."""
+def process_from_json(d: object, node: str) -> EngineProcess:
+    """A process of ``node``, with its pid there. Every field checked: a pid in range, a known role, ranks small whole
+    numbers, the title one printable line."""
     if not isinstance(d, dict):
         raise ProtocolError("bad process in the agent's answer: not an object")
     try:
@@ -213,8 +213,8 @@ def process_from_json(d: object, node: str, key: int | None = None) -> EnginePro
         if ppid is not None and ppid != 0:  # 0: its parent is outside the node's PID namespace
             ppid = pid_of(ppid)
         title = clean(d.get("title") or "", 256)  # named with its node, so the summary and the culprit say where
-        return EngineProcess(key if key is not None else pid, role, f"{title} on node {node}" if title else "",
-                             _ranks(d.get("ranks")), ppid, node=node, node_pid=pid)
+        return EngineProcess(pid, role, f"{title} on node {node}" if title else "", _ranks(d.get("ranks")), ppid,
+                             node=node)
     except ValueError as e:  # ProtocolError, and Role's own
         raise ProtocolError(f"bad process in the agent's answer: {e}") from None
 
@@ -228,7 +228,7 @@ def dump_to_json(d: Dump) -> dict[str, Any]:
 
 
 def dump_from_json(d: object, pid: int, t_offset: float) -> Dump:
-    """A remote dump keyed ``pid``; its time moved onto our clock by ``t_offset``. Every field checked."""
+    """A remote dump of ``pid`` (on its node); its time moved onto our clock by ``t_offset``. Every field checked."""
     if not isinstance(d, dict):
         raise ProtocolError("bad dump in the agent's answer: not an object")
     try:
@@ -259,7 +259,7 @@ def dump_from_json(d: object, pid: int, t_offset: float) -> Dump:
 def capture_to_json(c: Capture) -> dict[str, Any]:
     return {"processes": [process_to_json(p) for p in c.processes],
             "rounds": [[dump_to_json(d) for d in r.values()] for r in c.rounds],
-            "problems": list(c.problems), "options": c.options}
+            "problems": [str(p) for p in c.problems], "options": c.options}
 
 
 MAX_RINGS, MAX_RING_BLOCKS, MAX_RING_READERS = 64, 64, 1024

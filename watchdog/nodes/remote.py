@@ -2,9 +2,9 @@
 restart steps run there.
 
 - `RemoteEvidence.capture_with(local)`: the local capture and every node's (``stacks`` through its agent: two
-  rounds, the same gap) run in parallel and are merged into one `Capture`; another node's process is keyed by
-  ``node index << 23 | pid`` (pids of two nodes collide; a pid is below 2**22) and keeps its own pid and node;
-  a node that cannot be reached is a capture problem naming it, never silence;
+  rounds, the same gap) run in parallel and are merged into one `Capture`; another node's process keeps its own pid
+  and is keyed by (node, pid) (`ProcessId`: pids of two nodes collide); a node that cannot be reached is a capture
+  problem of that node, never silence;
 - `RemoteEvidence.context(base)`: each node's own log tail (the source its ``[[nodes]]`` entry names, read only if
   that node's agent config allows exactly it; none named: the node's own), versions, /dev/shm segments and clock
   offset, kept per node in the bundle's context;
@@ -14,15 +14,16 @@ restart steps run there.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from watchdog.config.load import Config
-from watchdog.core.processes import Capture, Dump, EngineProcess, NodeContext
+from watchdog.core.processes import Capture, Dump, EngineProcess, NodeContext, Problem, ProcessId
 from watchdog.core.ring import Ring
 from watchdog.core.roles import ENGINE_ROLES
+from watchdog.evidence.collect.capture import NO_ENGINE
 from watchdog.evidence.collect.context import RING_WARNING, Context
 from watchdog.host.run import RunResult
 from watchdog.nodes.protocol import (
@@ -38,7 +39,6 @@ from watchdog.nodes.protocol import (
 )
 from watchdog.nodes.transport import NodeError, NodeLink
 
-KEY_SHIFT = 23
 RING_TIMEOUT = 20.0  # the agent's `ring`: /proc maps and a few small reads
 
 
@@ -46,8 +46,8 @@ RING_TIMEOUT = 20.0  # the agent's `ring`: /proc maps and a few small reads
 class NodeCapture:
     node: str
     processes: tuple[EngineProcess, ...] = ()
-    rounds: tuple[dict[int, Dump], ...] = ()
-    problems: tuple[str, ...] = ()
+    rounds: tuple[dict[ProcessId, Dump], ...] = ()
+    problems: tuple[Problem, ...] = ()
     clock_offset: float | None = None  # the node's wall clock minus ours, seconds (low by the answer's way back)
     reachable: bool = True  # False: the call did not get through (unreachable, timed out)
     failed: bool = False  # no stacks from this node at all (the call or its answer failed)
@@ -55,12 +55,13 @@ class NodeCapture:
 
 
 class RemoteEvidence:
-    def __init__(self, cfg: Config, links: dict[str, NodeLink] | None = None) -> None:
+    def __init__(self, cfg: Config, links: Mapping[str, NodeLink]) -> None:
+        """``links``: one per node (`transport.open_links`), shared with the other stages; their owner closes them."""
         self.cfg = cfg
-        self.links = links if links is not None else {n.name: NodeLink(n) for n in cfg.nodes}
+        self.links = links
         self.offsets: dict[str, float] = {}
 
-    def _capture(self, index: int, name: str) -> NodeCapture:
+    def _capture(self, name: str) -> NodeCapture:
         c = self.cfg.capture
         args = {"rounds": c.rounds, "gap": c.gap, "timeout": c.timeout, "native": c.native, "locals": c.locals}
         budget = c.rounds * (2 * c.timeout) + c.gap * c.rounds + 15
@@ -71,30 +72,28 @@ class RemoteEvidence:
             if not isinstance(cap, dict) or not isinstance(cap.get("processes"), list) \
                     or not isinstance(cap.get("rounds"), list) or len(cap["rounds"]) > 16:
                 raise ProtocolError("the answer holds no capture (processes and rounds)")
-            keys: dict[int, int] = {}
-            procs = []
+            procs: dict[int, EngineProcess] = {}
             for d in cap["processes"]:
                 p = process_from_json(d, name)
-                if p.pid in keys:
+                if p.pid in procs:
                     raise ProtocolError(f"pid {p.pid} listed twice")
-                # the key is unique across nodes: the node's pid is checked below 2**22 (`protocol.pid_of`)
-                keys[p.pid] = ((index + 1) << KEY_SHIFT) | p.pid
-                procs.append(replace(p, pid=keys[p.pid]))
-            rounds = tuple({keys[pid_of(x.get("pid"))]: dump_from_json(x, keys[pid_of(x.get("pid"))], 0.0)
-                            for x in _objects(r) if pid_of(x.get("pid")) in keys} for r in cap["rounds"])
+                procs[p.pid] = p
+            rounds = tuple({ProcessId(name, pid): dump_from_json(x, pid, 0.0)
+                            for x in _objects(r) if (pid := pid_of(x.get("pid"))) in procs} for r in cap["rounds"])
             # the node stamps its answer ("wall") as it sends it, after the capture's seconds: its clock minus ours is
             # wall - got, low by the answer's way back and the agent's exit (tens of ms; measured 1.5 s off when it
             # was taken against the middle of the call, which holds the whole capture)
             self.offsets[name] = round(number(a.get("wall"), "wall") - got, 3)
-            problems = tuple(f"node {name}: {clean(p)}" for p in _strings(cap.get("problems")))
-            return NodeCapture(name, tuple(procs), rounds, problems, self.offsets[name], rings=self._rings(name))
+            problems = tuple(Problem(clean(p), name) for p in _strings(cap.get("problems")))
+            return NodeCapture(name, tuple(procs.values()), rounds, problems, self.offsets[name],
+                               rings=self._rings(name))
         except NodeError as e:
             if e.kind in ("unreachable", "timeout", "host_key", "auth"):  # the call did not get through
-                return NodeCapture(name, problems=(f"node {name} unreachable: no stacks: {e.message}",),
+                return NodeCapture(name, problems=(Problem(f"unreachable: no stacks: {e.message}", name),),
                                    reachable=False, failed=True)
-            return NodeCapture(name, problems=(f"node {name}: no stacks: {e.message}",), failed=True)
+            return NodeCapture(name, problems=(Problem(f"no stacks: {e.message}", name),), failed=True)
         except ProtocolError as e:
-            return NodeCapture(name, problems=(f"node {name}: no stacks: {clean(e)}",), failed=True)
+            return NodeCapture(name, problems=(Problem(f"no stacks: {clean(e)}", name),), failed=True)
 
     def _rings(self, name: str) -> tuple[Ring, ...]:
         """The node's broadcast rings as its agent read them; a failed call is said as a ring not read."""
@@ -112,7 +111,7 @@ class RemoteEvidence:
         names = list(self.links)
         with ThreadPoolExecutor(max_workers=len(names) + 1, thread_name_prefix="node-capture") as pool:
             mine = pool.submit(local)
-            theirs = [pool.submit(self._capture, i, n) for i, n in enumerate(names)]
+            theirs = [pool.submit(self._capture, n) for n in names]
             base = mine.result()
             remote = [f.result() for f in theirs]
         return merge(base, remote)
@@ -130,7 +129,7 @@ class RemoteEvidence:
                 a = link.call("context", {"lines": node.log_lines, "log": wanted})
             except NodeError as e:
                 lost = "unreachable" if e.kind in ("unreachable", "timeout") else "refused"
-                problems.append(f"node {name} {lost}: no context: {e.message}")
+                problems.append(Problem(f"{lost}: no context: {e.message}", name))
                 nodes[name] = NodeContext(False, problems=(problems[-1],))
                 continue
             got_tail = a.get("log_tail")
@@ -144,15 +143,11 @@ class RemoteEvidence:
             shm = a.get("shm")
             if shm:
                 versions[f"shm segments (node {name})"] = str(len(shm)) if isinstance(shm, list) else "?"
-            mine = (f"node {name}: {clean(a['problem'])}",) if a.get("problem") else ()
+            mine = (Problem(clean(a["problem"]), name),) if a.get("problem") else ()
             problems.extend(mine)
             nodes[name] = NodeContext(True, tail, clean(a.get("log_source") or ""), theirs,
                                       len(shm) if isinstance(shm, list) else None, mine)
         return replace(base, versions=versions, problems=tuple(problems), nodes=nodes, ring_warnings=ring)
-
-    def close(self) -> None:
-        for link in self.links.values():
-            link.close()
 
 
 def _objects(value: object) -> list[dict[str, Any]]:
@@ -170,7 +165,7 @@ def merge(base: Capture, remote: Sequence[NodeCapture]) -> Capture:
     rounds = [dict(r) for r in base.rounds]
     problems = list(base.problems)
     if not base.processes and any(r.processes for r in remote):  # "nothing found" meant here only
-        problems = [p for p in problems if not p.startswith("no engine process found")]
+        problems = [p for p in problems if p != Problem(NO_ENGINE)]
     for r in remote:
         processes.extend(r.processes)
         for i, rnd in enumerate(r.rounds):
@@ -208,7 +203,6 @@ class SshRunner:
                          (f"{where}: {clean(a['error'], 500)}" if a.get("error") else ""))
 
 
-def node_runners(cfg: Config, links: dict[str, NodeLink] | None = None) -> dict[str, Any]:
-    """A restart runner per node named in the config ("local" is the caller's own)."""
-    links = links if links is not None else {n.name: NodeLink(n) for n in cfg.nodes}
+def node_runners(links: Mapping[str, NodeLink]) -> dict[str, SshRunner]:
+    """A restart runner per node, over its link ("local" is the caller's own)."""
     return {name: SshRunner(link) for name, link in links.items()}

@@ -1,6 +1,9 @@
 """OpenSSH to another node: key auth, batch mode, the node's host key checked against its own known_hosts (never
 learned on first use), and one multiplexed connection per node, so that a call costs milliseconds.
 
+`open_links` builds one link per ``[[nodes]]`` entry, once, for every stage that talks to that node (liveness,
+capture, restart); its owner ends them with `close_links`.
+
 The shared connection is a ``ssh -M -N`` master this object starts and owns (its own session; ended by its pid in
 `close`), with its socket in a private directory (0700). Every call is ``ssh -o ControlMaster=no ... -- <verb>``
 through it, run by `watchdog.host.run.communicate`: the arguments as JSON on stdin, the answer read with a deadline
@@ -15,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +162,14 @@ class NodeLink:
         except ProtocolError as e:
             kind = "refused" if out and b'"ok": false' in raw.stdout else "agent"
             raise NodeError(name, kind, f"{verb}: {e}", clean(raw.stderr.decode(errors="replace")[-300:])) from None
+
+
+def open_links(nodes: Iterable[NodeSection]) -> dict[str, NodeLink]:
+    """One link per node, by name; each connects on its first call."""
+    return {n.name: NodeLink(n) for n in nodes}
+
+
+def close_links(links: Mapping[str, NodeLink]) -> None:
+    """End every link's shared connection (and its private directory)."""
+    for link in links.values():
+        link.close()

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from watchdog.config.nodes import NodeSection
 from watchdog.host.run import end_group, signal_group
@@ -148,11 +148,11 @@ class LivenessStream:
 
 
 class NodeWatch:
-    """Every node's liveness, for the daemon: `views` each pass; `changes` says what changed since the last call."""
+    """Every node's liveness, for the daemon: `views` each pass; `changes` says what changed since the last call.
+    Its streams run over ``links`` (`transport.open_links`), which their owner closes."""
 
-    def __init__(self, nodes: tuple[NodeSection, ...], links: dict[str, NodeLink] | None = None) -> None:
-        self.links = links or {n.name: NodeLink(n) for n in nodes}
-        self.streams = [LivenessStream(self.links[n.name]).start() for n in nodes]
+    def __init__(self, nodes: tuple[NodeSection, ...], links: Mapping[str, NodeLink]) -> None:
+        self.streams = [LivenessStream(links[n.name]).start() for n in nodes]
         self._last: dict[str, str] = {}
 
     def views(self) -> list[NodeView]:
@@ -166,5 +166,3 @@ class NodeWatch:
     def close(self) -> None:
         for s in self.streams:
             s.stop()
-        for link in self.links.values():
-            link.close()

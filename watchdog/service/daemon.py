@@ -37,6 +37,7 @@ from watchdog.evidence.collect.deadline_read import read_deadlines
 from watchdog.evidence.gpu.nvml import GpuMonitor, NvmlSource
 from watchdog.nodes.liveness import overlay
 from watchdog.nodes.remote import RemoteEvidence
+from watchdog.nodes.transport import close_links, open_links
 from watchdog.nodes.watch import NodeWatch
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.service.events import EventLog, log_transition, transition_record
@@ -113,8 +114,9 @@ class Daemon:
             sinks.append(self._write_trace)
         watcher = build_watcher(self.cfg, self.http, sinks)
         self._watcher = watcher
+        links = open_links(self.cfg.nodes)  # one connection per node, for liveness, capture and restart
         if not once:
-            self.act = Act(self.cfg, self.state_dir, self._act_event, self.http, self._bundle)
+            self.act = Act(self.cfg, self.state_dir, self._act_event, self.http, links, self._bundle)
             self.exporter.passes.sinks = self.act.delivering
         if self.cfg.gpu.enabled and not once:
             g = self.cfg.gpu
@@ -122,7 +124,7 @@ class Daemon:
             if self.gpu.start():
                 self.gpu = None  # said once by the monitor: no GPU here, and nothing else happens
         if self.cfg.capture.enabled and not once:
-            self.remote = RemoteEvidence(self.cfg) if self.cfg.nodes else None
+            self.remote = RemoteEvidence(self.cfg, links) if self.cfg.nodes else None
             investigator = Investigator(self.cfg, self.http, gpu=self.gpu, others=self.remote)
             for problem in investigator.preflight():
                 log.warning("evidence capture: %s", problem)
@@ -131,7 +133,7 @@ class Daemon:
         if not once:
             self._read_deadlines()
         if self.cfg.nodes and not once:
-            self.nodes = NodeWatch(self.cfg.nodes)
+            self.nodes = NodeWatch(self.cfg.nodes, links)
         self.signals.install()
         log.info("watching %s every %gs (suspect after %gs, frozen after %gs); state in %s", self.url,
                  self.cfg.scrape.interval, self.cfg.judge.suspect_after, self.cfg.judge.stall_window, self.state_dir)
@@ -159,14 +161,13 @@ class Daemon:
             self.notifier.stopping()
             if self.runner is not None:
                 self.runner.stop()
-            if self.remote is not None:
-                self.remote.close()
             if self.gpu is not None:
                 self.gpu.stop()
             if self.act is not None:
                 self.act.close()
             if self.nodes is not None:
                 self.nodes.close()
+            close_links(links)
             self.signals.restore()
             self.events.close()
             if self._trace is not None:

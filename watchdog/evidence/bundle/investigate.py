@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from watchdog.config.load import Config
-from watchdog.core.processes import Capture, EngineProcess
+from watchdog.core.processes import LOCAL, Capture, EngineProcess, Problem
 from watchdog.core.roles import Role
 from watchdog.evidence.bundle.write import BundleError, BundleHeader, prune, said_of, write_bundle
 from watchdog.evidence.collect.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
@@ -111,7 +111,7 @@ class Investigator:
         # every other node's capture runs beside ours, merged into one (watchdog.nodes.remote)
         capture = self.remote.capture_with(local) if self.remote is not None else local()
         findings = assess(capture, work_pending, page)
-        engines = [p.pid for p in processes if p.role == Role.ENGINE_CORE and p.node == "local"]
+        engines = [p.pid for p in processes if p.role == Role.ENGINE_CORE and p.node == LOCAL]
         vllm = installed_versions(engines, None).get("vllm", "")  # /proc maps only, no subprocess
         seconds = time.monotonic() - t0
         log.info("stacks of %d processes in %.1fs: %s (%s)", len(processes), seconds, findings.decision.value,
@@ -131,11 +131,11 @@ class Investigator:
         the last progress the judge saw, the start of the window the GPUs' states are read over."""
         c = self.cfg.capture
         page, problem = fetch_metrics_page(self.http)
+        cores = [p.pid for p in evidence.capture.processes if p.role == Role.ENGINE_CORE and p.node == LOCAL]
         context = gather(self.http, page, LogSource(c.log_file, c.journal_unit, c.docker_container, c.log_lines),
-                         [p.pid for p in evidence.capture.processes if p.role == Role.ENGINE_CORE],
-                         self.capturer.pyspy)
+                         cores, self.capturer.pyspy)
         if problem:
-            context = replace(context, problems=(*context.problems, problem))
+            context = replace(context, problems=(*context.problems, Problem(problem)))
         if self.remote is not None:
             context = self.remote.context(context)
         wall = time.time()

@@ -8,7 +8,7 @@ then every ``[[nodes]]`` entry in the order written:
 - ``reachable`` (another node: the stacks call got through), ``clock_offset_s`` (its wall clock minus ours);
 - ``log_source``, ``log_lines``: the node's own log tail (file ``log-tail.txt`` for this host,
   ``log-tail-<node>.txt`` for another), ``versions`` and ``shm_segments`` there;
-- ``problems``: what went wrong for that node alone ("node worker1 unreachable: ...");
+- ``problems``: what went wrong for that node alone (each `Problem` names its node: "node worker1: unreachable: ...");
 - ``evidence``: ``complete`` (every process's every dump), ``partial`` or ``missing`` (no stack at all).
 """
 
@@ -17,37 +17,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from watchdog.core.processes import Capture, NodeContext
-
-LOCAL = "local"
-
-
-def node_of_problem(problem: str, names: Sequence[str]) -> str:
-    """The node a problem line is about (``node X: ...`` or ``node X unreachable...``), else this host."""
-    for name in names:
-        if problem.startswith((f"node {name}:", f"node {name} ")):
-            return name
-    return LOCAL
+from watchdog.core.processes import LOCAL, Capture, NodeContext, Problem
 
 
 def _lines(text: str) -> int:
     return len(text.splitlines())
 
 
-def per_node(capture: Capture, contexts: dict[str, NodeContext], problems: Sequence[str], local_log_source: str = "",
-             local_log_tail: str = "") -> dict[str, dict[str, Any]]:
+def per_node(capture: Capture, contexts: dict[str, NodeContext], problems: Sequence[Problem],
+             local_log_source: str = "", local_log_tail: str = "") -> dict[str, dict[str, Any]]:
     """One entry per node (see the module's doc); ``problems``: the capture's and the context's, all nodes."""
     remote_opts: dict[str, Any] = dict(capture.options.get("nodes") or {})  # type: ignore[call-overload]
     names = [LOCAL, *remote_opts, *(n for n in contexts if n not in remote_opts)]
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         procs = [p for p in capture.processes if p.node == name]
-        keys = {p.pid for p in procs}
-        dumps = [d for r in capture.rounds for k, d in r.items() if k in keys]
+        dumps = [d for p in procs for d in capture.dumps_of(p)]
         ok = sum(1 for d in dumps if d.ok)
-        mine = sorted({p for p in problems if node_of_problem(p, names[1:]) == name})
+        mine = sorted({str(p) for p in problems if p.node == name})
         entry: dict[str, Any] = {
-            "processes": [{"pid": p.real_pid, "role": str(p.role), "ranks": p.ranks,
+            "processes": [{"pid": p.pid, "role": str(p.role), "ranks": p.ranks,
                            "title": p.title.removesuffix(f" on node {name}")} for p in procs],
             "dumps": {"ok": ok, "failed": len(dumps) - ok},
             "stacks": "none" if not ok else ("all" if ok == len(dumps) and len(dumps) >= len(procs) else "some"),

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from watchdog.core.processes import Capture
+from watchdog.core.processes import LOCAL, Capture
 from watchdog.core.runbooks import runbook_link
 from watchdog.evidence.bundle.per_node import node_lines, per_node
 from watchdog.evidence.collect.context import Context
@@ -58,10 +58,10 @@ def _frames(frames: tuple[Frame, ...]) -> list[dict[str, Any]]:
 
 def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
     p, e = f.process, f.explanation
-    dumps = [r[p.pid] for r in capture.rounds if p.pid in r]
+    dumps = capture.dumps_of(p)
     return {
-        "pid": p.pid, "role": p.role, "title": p.title, "ranks": p.ranks, "state": f.state,
-        "node": p.node, "node_pid": p.real_pid,  # pid is the capture's key; node_pid the pid on its own node
+        "pid": p.pid, "node": p.node,  # its pid on its own node
+        "role": p.role, "title": p.title, "ranks": p.ranks, "state": f.state,
         "class": e.cls.value if e else None, "thread": e.thread if e else None, "why": e.why if e else f.error,
         "frames": _frames(e.frames) if e else [], "spec_decode": e.spec_decode if e else False,
         "moved": f.moved, "cpu_seconds_between_captures": f.cpu_seconds,
@@ -77,9 +77,10 @@ def _process_record(f: ProcessFinding, capture: Capture) -> dict[str, Any]:
 
 def _failures(capture: Capture) -> list[dict[str, Any]]:
     """Every dump that failed (or lost its native frames): its kind (`Failure`) and its fix."""
-    titles = {p.pid: p.title for p in capture.processes}
-    return [{"round": i, "pid": pid, "title": titles.get(pid, ""), "kind": d.failure.value, "error": d.error}
-            for i, rnd in enumerate(capture.rounds, 1) for pid, d in sorted(rnd.items()) if d.failure is not None]
+    titles = {p.id: p.title for p in capture.processes}
+    return [{"round": i, "node": key.node, "pid": key.pid, "title": titles.get(key, ""), "kind": d.failure.value,
+             "error": d.error}
+            for i, rnd in enumerate(capture.rounds, 1) for key, d in sorted(rnd.items()) if d.failure is not None]
 
 
 def _node_of(findings: Findings, name: str | None) -> str | None:
@@ -116,12 +117,12 @@ def manifest(inc: BundleHeader, capture: Capture, findings: Findings, context: C
                          "frames": _frames(findings.hypothesis.frames),
                          "spec_decode_frames": _frames(findings.hypothesis.spec_frames)},
         "processes": [_process_record(f, capture) for f in findings.processes],
-        "problems": sorted({*findings.problems, *context.problems}),
+        "problems": sorted({*findings.problems, *map(str, context.problems)}),
         "ring_buffer_warnings_in_log": context.ring_warnings, "log_source": context.log_source,
         # down: the error that ended the engine's last life, as its log has it (evidence/explain/log_cause.py)
         "log_cause": cause.to_json() if cause is not None else None,
         "versions": context.versions, "capture_options": capture.options, "files": files,
-        "nodes": per_node(capture, context.nodes, [*findings.problems, *context.problems], context.log_source,
+        "nodes": per_node(capture, context.nodes, [*capture.problems, *context.problems], context.log_source,
                           context.log_tail),
     }
 
@@ -196,7 +197,7 @@ def gpu_views(gpu: GpuEvidence, findings: Findings) -> tuple[list[RankView], Gpu
     power, RAS and the Flight Recorder: `watchdog.evidence.gpu.culprit`)."""
     views = [RankView(f.explanation.name, f.process.ranks.get("TP"), (f.native or f.explanation).cls.value,
                       (f.native or f.explanation).frames,  # a GPU rank's waits are in its native frames
-                      r.state if (r := gpu_of(gpu.readings, f.process.pid)) else None)
+                      r.state if (r := gpu_of(gpu.readings, f.process)) else None)
              for f in findings.processes if f.explanation is not None and f.process.role == "worker"]
     return views, gpu_culprit(views, gpu.ras, gpu.fr)
 
@@ -205,7 +206,7 @@ def gpu_manifest(gpu: GpuEvidence, findings: Findings) -> dict[str, Any]:
     """The GPU part of the manifest: readings, and what each rank's GPU adds to its stack class."""
     ranks = []
     for f in findings.processes:
-        reading = gpu_of(gpu.readings, f.process.pid)
+        reading = gpu_of(gpu.readings, f.process)
         e = f.native or f.explanation
         said = corroborate(e.cls.value if e else "", reading)
         if said:
@@ -252,10 +253,12 @@ def write_bundle(root: Path, inc: BundleHeader, capture: Capture, findings: Find
         (partial / "dumps").mkdir(mode=0o700)
         files: list[str] = []
         for i, rnd in [*enumerate(capture.rounds, 1), ("native", capture.native)]:
-            for pid, dump in rnd.items():
-                title = next((p.title for p in capture.processes if p.pid == pid), "") or "process"
+            for key, dump in rnd.items():
+                # another node's title ends "on node X": two nodes' processes of one pid get two names
+                title = next((p.title for p in capture.processes if p.id == key), "") or (
+                    "process" if key.node == LOCAL else f"process on node {key.node}")
                 which = f"round{i}" if isinstance(i, int) else str(i)
-                name = f"dumps/{which}-{pid}-{title.replace('::', '-').replace('/', '_')}.json"
+                name = f"dumps/{which}-{key.pid}-{title.replace('::', '-').replace('/', '_')}.json"
                 _write(partial / name, dump.output if dump.ok else json.dumps({"error": dump.error}))
                 files.append(name)
         for name, text in (("metrics.txt", context.metrics_page), ("log-tail.txt", context.log_tail),

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import psutil
 
-from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, ProcFacts
+from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, Problem, ProcFacts
 from watchdog.host.ptrace import scope_note
 from watchdog.host.run import communicate
 
@@ -34,6 +34,7 @@ PTRACE_HINT = ("ptrace was denied: run the watchdog as root or with CAP_SYS_PTRA
                "/proc/sys/kernel/yama/ptrace_scope (3 forbids ptrace entirely)")
 MAX_OUTPUT = 64 * 1024 * 1024  # each of stdout and stderr: a py-spy dump of thousands of threads stays well below
 KILL_GRACE = 0.5  # py-spy ends at SIGTERM; kept short, as the capture's worst case (`deadlines`) counts only timeouts
+NO_ENGINE = "no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)"
 MISSING_HINT = "py-spy was not found: install it into the watchdog's venv (pip install py-spy) or set capture.pyspy"
 
 
@@ -206,9 +207,10 @@ class Capturer:
                 continue
             quiet = self._quiet_cpu(pids, gap, sleep)
             taken.append({pid: replace(d, quiet=quiet.get(pid)) for pid, d in self.dump_all(pids).items()})
-        problems = sorted({d.error for r in taken for d in r.values() if d.failure is not None or not d.ok})
+        problems = [Problem(e) for e in sorted({d.error for r in taken for d in r.values()
+                                                if d.failure is not None or not d.ok})]
         if not processes:
-            problems.append("no engine process found (looked for VLLM:: titles, sglang schedulers, Ray workers)")
+            problems.append(Problem(NO_ENGINE))
         extra = [] if self.native else sorted(native_pids)  # with capture.native every round is native already
         stopped = [pid for pid in extra if _stopped(taken[-1][pid].facts if taken and pid in taken[-1] else None)]
         native = self.dump_all([pid for pid in extra if pid not in stopped], native=True)
@@ -219,4 +221,6 @@ class Capturer:
         options: dict[str, object] = {"native": self.native, "native_pids": extra,
                                       "locals": self.with_locals, "rounds": rounds,
                                       "gap_seconds": gap, "pyspy": self.pyspy}
-        return Capture(tuple(processes), tuple(taken), tuple(problems), options, native)
+        ids = {p.pid: p.id for p in processes}
+        return Capture(tuple(processes), tuple({ids[pid]: d for pid, d in r.items()} for r in taken), tuple(problems),
+                       options, {ids[pid]: d for pid, d in native.items()})

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from watchdog import __version__
-from watchdog.core.processes import NodeContext
+from watchdog.core.processes import NodeContext, Problem
 from watchdog.evidence.collect.capture import DumpRunner, run_argv
 from watchdog.host.files import list_dir, read_tail
 from watchdog.host.ns_paths import host_path, root_of
@@ -36,7 +36,7 @@ class Context:
     ring_warnings: int = 0
     gpu: str = ""
     versions: dict[str, str] = field(default_factory=dict)
-    problems: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()
     nodes: dict[str, NodeContext] = field(default_factory=dict)  # every other node's own part ([[nodes]])
 
 
@@ -180,15 +180,15 @@ def engine_versions(pids: Sequence[int], http: EngineHTTP, pyspy: str | None,
 
 def gather(http: EngineHTTP, metrics_page: str, src: LogSource, pids: Sequence[int], pyspy: str | None,
            runner: DumpRunner = run_argv) -> Context:
-    problems: list[str] = []
+    problems: list[Problem] = []
     if src.file and src.root is None and pids:
         src = replace(src, root=root_of(pids[0]))
     tail, where, problem = log_tail(src, runner)
     if problem:
-        problems.append(problem)
+        problems.append(Problem(problem))
     gpu, problem = gpu_state(runner)
     if problem:
-        problems.append(problem)
+        problems.append(Problem(problem))
     ring = len(re.findall(re.escape(RING_WARNING), tail))
     return Context(metrics_page, tail, where, ring, gpu, engine_versions(pids, http, pyspy, runner),
                    tuple(problems))

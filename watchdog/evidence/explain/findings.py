@@ -147,7 +147,7 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
     """Assess a capture; ``page``: the page's running/waiting at suspicion (livelock and admission-stall rules)."""
     found: list[ProcessFinding] = []
     for proc in capture.processes:
-        dumps = [r[proc.pid] for r in capture.rounds if proc.pid in r]
+        dumps = capture.dumps_of(proc)
         first = dumps[0] if dumps else None
         stacks = [_stack(d, proc) for d in dumps]
         state = first.facts.state if first and first.facts else "?"
@@ -174,7 +174,7 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
         error = ""
         if len(capture.rounds) >= 2 and moved is None:  # unknown whether it moved: the capture is incomplete
             error = (dumps[-1].error if len(dumps) >= 2 else "") or "no readable dump in the last round"
-        native = capture.native.get(proc.pid)
+        native = capture.native.get(proc.id)
         native_stack = _stack(native, proc) if native is not None else None
         found.append(ProcessFinding(proc, expl, moved, cpu, state, error, last_cls, gap,
                                     classify(native_stack, proc.role, state) if native_stack else None, quiet))
@@ -193,7 +193,8 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
                                      capture.unseen_nodes, work_pending)
     if decision is Decision.STUCK and kind is StuckKind.PARKED:
         decision, reason, kind = _parked_why(reason, cross, hypothesis, rings, engine_procs)
-    return Findings(tuple(found), cross, hypothesis, decision, reason, complete, capture.problems, kind, page)
+    return Findings(tuple(found), cross, hypothesis, decision, reason, complete,
+                    tuple(str(p) for p in capture.problems), kind, page)
 
 
 # From this release on an idle reader re-checks the ring every 5 s (vLLM PR #45224): a parked reader with a block

@@ -85,7 +85,7 @@ def _op(p: ProcessFinding) -> str:
 def _gone(p: ProcessFinding, capture: Capture | None) -> bool:
     if p.state[:1] in ("Z", "X"):
         return True
-    dumps = [r[p.process.pid] for r in capture.rounds if p.process.pid in r] if capture else []
+    dumps = capture.dumps_of(p.process) if capture else []
     return any(d.failure is Failure.GONE for d in dumps)
 
 

@@ -140,7 +140,7 @@ def _cls(p: ProcessFinding) -> Cls | None:
 
 
 def _gone(p: ProcessFinding, capture: Capture | None) -> bool:
-    dumps = [r[p.process.pid] for r in capture.rounds if p.process.pid in r] if capture else []
+    dumps = capture.dumps_of(p.process) if capture else []
     return p.state[:1] in ("Z", "X") or any(d.failure is Failure.GONE for d in dumps)
 
 

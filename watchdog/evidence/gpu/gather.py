@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from watchdog.config.gpu import GpuSection, ras_host_port
-from watchdog.core.processes import EngineProcess
+from watchdog.core.processes import LOCAL, EngineProcess
 from watchdog.core.roles import ENGINE_ROLES, Role
 from watchdog.evidence.gpu.flight_recorder import FrConfig, FrSummary, cross_rank_fr, summarize
 from watchdog.evidence.gpu.fr_dump import DumpError, load_dump
@@ -123,7 +123,8 @@ def gather_gpu(processes: Sequence[EngineProcess], monitor: GpuMonitor | None, c
         verdict = SINGLE_RANK
     elif freeze and cfg.flight_recorder and processes:
         # every rank's pipe under each process's prefix: a title's TP/PP numbers are not the global rank
-        t = trigger([p.pid for p in processes], None, cfg.fr_settle, configs=fr_configs(processes, cfg))
+        here = [p for p in processes if p.node == LOCAL]  # another node's pid is no process of this host
+        t = trigger([p.pid for p in here], None, cfg.fr_settle, configs=fr_configs(here, cfg))
         fr_seconds = t.seconds
         problems.extend(t.problems)
         for r in t.ranks:

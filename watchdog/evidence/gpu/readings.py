@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from watchdog.core.processes import EngineProcess
+from watchdog.core.processes import LOCAL, EngineProcess
 
 MIB = 1024 * 1024
 
@@ -184,8 +184,8 @@ def read_stall(samples: Iterable[GpuSample], stalled_since: float, until: float,
 
 
 def attach_ranks(readings: Sequence[GpuReading], processes: Sequence[EngineProcess]) -> list[GpuReading]:
-    """Name the engine processes (by pid) that hold each GPU's memory."""
-    labels = {p.pid: p.label for p in processes}
+    """Name the engine processes (by pid) that hold each GPU's memory: this host's only, as the GPUs are."""
+    labels = {p.pid: p.label for p in processes if p.node == LOCAL}
     out = []
     for r in readings:
         names = tuple(labels[pid] for pid in r.pids if pid in labels)
@@ -194,8 +194,9 @@ def attach_ranks(readings: Sequence[GpuReading], processes: Sequence[EngineProce
     return out
 
 
-def gpu_of(readings: Sequence[GpuReading], pid: int) -> GpuReading | None:
-    return next((r for r in readings if pid in r.pids), None)
+def gpu_of(readings: Sequence[GpuReading], p: EngineProcess) -> GpuReading | None:
+    """The GPU whose memory ``p`` holds; None for another node's process (these readings are this host's GPUs)."""
+    return next((r for r in readings if p.pid in r.pids), None) if p.node == LOCAL else None
 
 
 def corroborate(stack_class: str, reading: GpuReading | None) -> str:
