@@ -28,7 +28,8 @@ class FakeRemote:
 
 
 class FakeInvestigator:
-    def __init__(self, cfg: Config, http: object, gpu: object = None, others: object = None) -> None:
+    def __init__(self, cfg: Config, http: object, gpu: object = None, others: object = None,
+                 reading: object = None) -> None:
         self.others = others
         self.incidents_dir = Path("/nonexistent")
 
@@ -82,7 +83,7 @@ def test_the_daemon_closes_the_remote_evidence(cfg: Config, tmp_path: Path, monk
 def test_dump_closes_the_remote_evidence(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(evidence_cli, "RemoteEvidence", FakeRemote)
     monkeypatch.setattr(evidence_cli, "Investigator", FakeInvestigator)
-    monkeypatch.setattr(evidence_cli, "work_pending", lambda http: None)
+    monkeypatch.setattr(evidence_cli, "page_now", lambda http: None)
     with pytest.raises(RuntimeError, match="the capture broke"):
         evidence_cli.cmd_dump(cfg, argparse.Namespace(native=False, out=None, json=True))
     assert [r.closed for r in FakeRemote.built] == [1]
