@@ -439,6 +439,45 @@ def test_heartbeat_pings_only_after_an_observing_pass_and_at_most_once_an_interv
         t.join(5)
 
 
+def test_heartbeat_pings_over_one_connection_for_its_life_closed_with_it() -> None:
+    peers: list[tuple[str, int]] = []
+    gone = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: the connection stays open between pings
+
+        def do_GET(self) -> None:
+            peers.append(self.client_address)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def finish(self) -> None:
+            super().finish()
+            gone.set()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        hb = Heartbeat(Secret(f"http://127.0.0.1:{srv.server_address[1]}/ping"), interval=1)
+        for now in (0.0, 1.0, 2.0):
+            assert hb.beat(now, observed=True)
+            hb.wait(5)
+        assert hb.sent == 3 and len(peers) == 3 and len(set(peers)) == 1
+        assert not gone.is_set()
+        hb.close()
+        assert gone.wait(5), "closing the heartbeat left its connection open"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
+
+
 def test_an_incident_in_hand_is_a_warning_until_it_pages_then_the_page_is_resolved(receiver, dispatcher) -> None:
     """Labels are an alert's identity in Alertmanager: the escalation ends the warning and fires the page in one post,
     and the resolve ends the page (the alert that was sent), whatever severity the resolving event carries."""

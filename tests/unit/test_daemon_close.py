@@ -55,7 +55,8 @@ class Given:
 
 
 class FakeInvestigator:
-    def __init__(self, cfg: Config, http: object, gpu: object = None, others: object = None) -> None:
+    def __init__(self, cfg: Config, http: object, gpu: object = None, others: object = None,
+                 reading: object = None) -> None:
         self.others = others
         self.incidents_dir = Path("/nonexistent")
 
@@ -98,7 +99,7 @@ def test_the_daemon_shares_one_link_per_node_and_closes_it(cfg: Config, tmp_path
 def test_dump_closes_the_links(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(evidence_cli, "RemoteEvidence", Given)
     monkeypatch.setattr(evidence_cli, "Investigator", FakeInvestigator)
-    monkeypatch.setattr(evidence_cli, "work_pending", lambda http: None)
+    monkeypatch.setattr(evidence_cli, "page_now", lambda http: None)
     monkeypatch.setattr(evidence_cli, "open_links", Links.open)
     monkeypatch.setattr(evidence_cli, "close_links", Links.close)
     with pytest.raises(RuntimeError, match="the capture broke"):

@@ -18,15 +18,19 @@ from typing import Any
 import pytest
 
 from tests.facts import line_of, says
+from watchdog.config.load import Config
 from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, Problem, ProcessId, ProcFacts
-from watchdog.core.types import Decision, incident_id
+from watchdog.core.types import Decision, EngineReading, PageReading, Scrape, incident_id
 from watchdog.evidence.bundle import write as bundle
+from watchdog.evidence.bundle.investigate import Investigator
 from watchdog.evidence.bundle.write import BundleError, BundleHeader, list_bundles, prune, write_bundle
 from watchdog.evidence.collect.capture import PTRACE_HINT
 from watchdog.evidence.collect.context import RING_WARNING, Context, LogSource, gather, log_tail
 from watchdog.evidence.explain.classes import Cls, Status
-from watchdog.evidence.explain.findings import Findings, assess
+from watchdog.evidence.explain.findings import Findings, PageWork, assess
+from watchdog.judge.judge import Judge
 from watchdog.scrape.engine_http import EngineHTTP
+from watchdog.service.watcher import Watcher
 
 ROOT = Path(__file__).resolve().parents[2]
 DUMPS = ROOT / "tests" / "data" / "dumps"
@@ -589,3 +593,29 @@ def test_failure_kinds_reach_the_reason_manifest_and_summary(tmp_path: Path) -> 
     assert says(line_of(summary, "capture complete"), "NO", "denied", "4", "native_unreadable", "2")
     assert line_of(summary, "Capture problems").startswith("## ") and "CAP_SYS_PTRACE" in summary
     assert "Python-only stacks" in summary
+
+
+class OnePage:
+    def __init__(self, page: PageReading | None) -> None:
+        self.page = page
+
+    def scrape(self) -> Scrape:
+        return Scrape(1.0, 1.7e9, self.page, None if self.page else "refused")
+
+
+def test_the_investigator_weighs_the_page_the_judge_read_and_reads_none_itself() -> None:
+    """Wired as the daemon wires it (``reading``: the watcher's last page): the engine's port is closed, so any
+    running/waiting the assessment gets came from the judge's reading."""
+    fetcher = OnePage(PageReading({"0": EngineReading("0", "m", 1.0, 3.0), "1": EngineReading("1", "m", 0.0, 0.0)}, 0))
+    watcher = Watcher(fetcher, Judge())
+    http = EngineHTTP(f"http://127.0.0.1:{_closed_port()}")
+    inv = Investigator(Config(), http, finder=list, reading=lambda: watcher.page)
+    assert inv.page_work("0") is None  # no pass yet: nothing read
+    watcher.tick()
+    assert inv.page_work("0") == PageWork(running=1.0, waiting=3.0)
+    assert inv.page_work("1") == PageWork(running=0.0, waiting=0.0)
+    assert inv.page_work("") is None  # two engines: which one is not known
+    fetcher.page = None
+    watcher.tick()
+    assert inv.page_work("0") is None  # the last scrape could not read the page
+    assert Investigator(Config(), http, finder=list).page_work("0") is None  # its own read: nobody answers

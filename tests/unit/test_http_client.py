@@ -238,7 +238,7 @@ class Scripted:
             self.accepted += 1
             with conn:
                 while self.answers:
-                    if not conn.recv(65536):
+                    if not _read_request(conn):
                         break
                     answer = self.answers.pop(0)
                     if answer is None:
@@ -255,6 +255,23 @@ class Scripted:
         self.done.set()
         self.sock.close()
         self.thread.join(10)
+
+
+def _read_request(conn: socket.socket) -> bool:
+    """One request's head and its Content-Length of body; False when the client closed the connection first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if not (got := conn.recv(65536)):
+            return False
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        if not (got := conn.recv(65536)):
+            return False
+        body += got
+    return True
 
 
 def ok(body: bytes) -> bytes:
@@ -331,3 +348,50 @@ def test_a_chunked_body_cut_after_the_head_on_the_kept_alive_connection_is_trunc
     finally:
         http.close()
         srv.close()
+
+
+def test_every_request_goes_over_the_one_kept_alive_pool() -> None:
+    """The probe's POST, the version and model reads and the scrape share the pool: one connection for all."""
+    answer = b'{"version": "0.32.0"}'
+    json_ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(answer), answer)
+    srv = Scripted([json_ok, ok(b"page"), json_ok])
+    http = EngineHTTP(srv.url, LIMITS)
+    try:
+        assert http.post_json("/v1/completions", {"prompt": "x"}, read_timeout=3.0).json() == {"version": "0.32.0"}
+        assert http.get_page("/metrics").body == b"page"
+        reply = http.get("/version", accept="application/json", read_timeout=3.0, max_bytes=1024)
+        assert reply.status == 200 and reply.content_type == "application/json"
+        assert srv.accepted == 1
+    finally:
+        http.close()
+        srv.close()
+
+
+def test_the_request_caps_and_failures_are_the_scrapes() -> None:
+    """``max_bytes`` and ``read_timeout`` of one request; a refused connection; too many redirects."""
+    loop = b"HTTP/1.1 302 Found\r\nLocation: /v1/models\r\nContent-Length: 0\r\n\r\n"
+    srv = Scripted([ok(b"x" * 5000), loop, loop, loop, loop, ok(b"late"), None])
+    http = EngineHTTP(srv.url, HttpLimits(connect_timeout=1.0, read_timeout=5.0, deadline=5.0, max_redirects=3))
+    try:
+        with pytest.raises(HttpFailure) as err:
+            http.get("/version", max_bytes=1000)
+        assert err.value.kind == "too_big" and err.value.status == 200 and "/version" in err.value.message
+        with pytest.raises(HttpFailure) as err:
+            http.get("/v1/models")
+        assert err.value.kind == "redirects" and "redirects more than 3 times" in err.value.message
+        assert http.get("/v1/models").body == b"late"  # the redirects' connection is reused
+        started = time.monotonic()
+        with pytest.raises(HttpFailure) as err:
+            http.post_json("/v1/completions", {}, read_timeout=0.5)
+        assert err.value.kind == "no_answer" and "sent no response within 0.5s" in err.value.message
+        assert time.monotonic() - started < 4.0, "the request's own read timeout was not the one waited"
+    finally:
+        http.close()
+        srv.close()
+    nobody = EngineHTTP(srv.url, LIMITS)  # the port is closed now
+    with pytest.raises(HttpFailure) as err:
+        nobody.post_json("/v1/completions", {})
+    assert err.value.kind == "refused" and err.value.message == f"nothing listening at {srv.url}/v1/completions " \
+        "(connection refused)"
+    nobody.close()

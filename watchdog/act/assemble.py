@@ -118,3 +118,4 @@ class Act:
         self.recovery.stop()
         if self.alerts is not None:
             self.alerts.close(timeout=5.0)
+        self.heartbeat.close()

@@ -2,7 +2,8 @@
 
 A watchdog that cannot see (blind: the page unreadable), or that is itself stuck, stops pinging, and the receiver
 (healthchecks-style) raises the alarm. The ping runs in a background thread and never delays a pass; a ping still
-in flight makes the next one wait for it rather than pile up.
+in flight makes the next one wait for it rather than pile up. Every ping goes over one session, kept for the
+heartbeat's life (its connection kept alive between pings the receiver does not close) and closed with it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from watchdog.config.load import Secret
 
 log = logging.getLogger(__name__)
 
+CONNECT_TIMEOUT = 3.0
+
 
 class Heartbeat:
     def __init__(self, url: Secret, interval: float, timeout: float = 10.0) -> None:
         self._url, self.interval, self.timeout = url, interval, timeout
         self._last: float | None = None
         self._thread: threading.Thread | None = None
+        self._session = requests.Session()  # used by one ping at a time: a ping waits for the one before it
         self.sent = self.failed = 0
 
     def beat(self, now: float, observed: bool) -> bool:
@@ -41,14 +45,19 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def close(self, timeout: float = 1.0) -> None:
+        """Close the session, once a ping in flight has ended (or ``timeout`` has passed)."""
+        self.wait(timeout)
+        self._session.close()
+
     def _ping(self) -> None:
         try:
-            with requests.Session() as s:
-                r = s.get(self._url.reveal(), timeout=(3.0, self.timeout), allow_redirects=False)
-            if 200 <= r.status_code < 300:
-                self.sent += 1
-                return
-            why = f"HTTP {r.status_code}"
+            with self._session.get(self._url.reveal(), timeout=(CONNECT_TIMEOUT, self.timeout),
+                                   allow_redirects=False) as r:
+                if 200 <= r.status_code < 300:
+                    self.sent += 1
+                    return
+                why = f"HTTP {r.status_code}"
         except requests.RequestException as e:
             why = type(e).__name__  # never str(e): it holds the URL, which may hold a token
         self.failed += 1

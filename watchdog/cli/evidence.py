@@ -18,7 +18,7 @@ from watchdog import __version__
 from watchdog.cli.progress import Progress
 from watchdog.config.load import Config
 from watchdog.core.runbooks import Runbook, runbook_link
-from watchdog.core.types import incident_id
+from watchdog.core.types import PageReading, incident_id
 from watchdog.evidence.bundle.investigate import Investigator
 from watchdog.evidence.bundle.per_node import node_lines, per_node
 from watchdog.evidence.bundle.upstream import BundleFiles, Redaction, render
@@ -40,12 +40,16 @@ def _frames_text(frames: tuple[Frame, ...] | list[dict[str, Any]], n: int = 4) -
     return " < ".join(f"{fn} ({file.rsplit('/', 1)[-1]})" for fn, file in parts) or "-"
 
 
-def work_pending(http: EngineHTTP) -> bool | None:
-    """Whether the page shows work pending right now (None: the page cannot be read)."""
-    scrape = MetricsFetcher(http).scrape()
-    if scrape.page is None or not scrape.page.engines:
+def page_now(http: EngineHTTP) -> PageReading | None:
+    """The page as the scrape reads it (None: it cannot be read)."""
+    return MetricsFetcher(http).scrape().page
+
+
+def work_pending(page: PageReading | None) -> bool | None:
+    """Whether the page shows work pending (None: the page could not be read)."""
+    if page is None or not page.engines:
         return None
-    return any((e.running or 0) > 0 or (e.waiting or 0) > 0 for e in scrape.page.engines.values())
+    return any((e.running or 0) > 0 or (e.waiting or 0) > 0 for e in page.engines.values())
 
 
 def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
@@ -57,11 +61,12 @@ def cmd_dump(cfg: Config, args: argparse.Namespace) -> int:
         gpu = None  # no GPU here: nothing to add
     links = open_links(cfg.nodes)  # ssh masters and temp dirs: closed below
     remote = RemoteEvidence(cfg, links) if cfg.nodes else None
-    inv = Investigator(cfg, http, gpu=gpu, others=remote)
     said, c = Progress("dump"), cfg.capture
     try:
         said.say(f"reading the page at {cfg.engine.url}: is work pending?")
-        pending = work_pending(http)
+        page = page_now(http)
+        pending = work_pending(page)
+        inv = Investigator(cfg, http, gpu=gpu, others=remote, reading=lambda: page)  # the assessment reads it too
         said.say(f"finding the engine's processes, then py-spy: {c.rounds} rounds {c.gap:g}s apart"
                  + (f", here and on {', '.join(n.name for n in cfg.nodes)} over ssh" if cfg.nodes else ""))
         evidence = inv.investigate(work_pending=pending)  # the GPU is sampled meanwhile

@@ -1,12 +1,12 @@
-"""The one HTTP session to the engine, with its caps: every request the watchdog sends to vLLM goes through here.
+"""The one HTTP client of the engine, with its caps: every request the watchdog sends to vLLM goes through here.
 
-The probe, the proof after a restart, and the evidence's page and version reads share one ``requests.Session``
-with ``trust_env`` off (no proxy or netrc from the environment: the engine is spoken to directly); the 1 Hz scrape
-of ``/metrics`` (`EngineHTTP.get_page`) goes through urllib3 itself, on one kept-alive connection: requests' layer
-over urllib3 costs about 0.5 ms more CPU a GET, cold (1.5 ms instead of 1.0, the filtered page; 0.05 % of a core
-at 1 Hz). Both have the same caps: bounded redirects, a connect and a read timeout on every request, a deadline for the
-whole body and a byte cap on what is read. A failure is an `HttpFailure` with a short stable ``kind`` the callers
-map to meaning.
+The 1 Hz scrape of ``/metrics`` (`EngineHTTP.get_page`), the probe, the proof after a restart, and the evidence's
+page and version reads share one urllib3 pool (no proxy or netrc from the environment: the engine is spoken to
+directly), its connections kept alive. urllib3 itself, not requests over it: requests' layer costs about 0.5 ms more
+CPU a GET, cold (1.5 ms instead of 1.0 for the filtered page, docs/benchmarks.md). Every request has the same caps:
+bounded redirects, a connect and a read timeout, a deadline for the whole body and a byte cap on what is read. A
+failure is an `HttpFailure` with a short stable ``kind`` the callers map to meaning, made by one function
+(`_failure`) from the exception's type.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-import requests
 import urllib3
-from requests.utils import DEFAULT_CA_BUNDLE_PATH
+from requests.utils import DEFAULT_CA_BUNDLE_PATH  # certifi's bundle: the CAs the engine's TLS is checked against
 from urllib3.exceptions import (
     ConnectTimeoutError,
     MaxRetryError,
@@ -36,6 +35,8 @@ from watchdog.core.types import NO_ANSWER, HttpLimits, base_url
 log = logging.getLogger(__name__)
 
 LOST = "lost"  # the connection closed before any answer: the server (or its worker) died mid-request
+# connections kept per origin: the scrape, a probe, the evidence thread's reads and a restart's proof may overlap
+POOL_SIZE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,26 +61,37 @@ class HttpFailure(Exception):
         self.kind, self.message, self.status = kind, message, status
 
 
-class EngineHTTP:
-    """The engine's base URL and the one session to it. Safe to share between the loop and its helper threads
-    (the connection pool is thread-safe; nothing here keeps per-request state)."""
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    """One request's URL (without its query: the scrape's filter is no part of what a failure says), what its body
+    is called in a failure, when it began, and its caps."""
 
-    def __init__(self, url: str, limits: HttpLimits | None = None, api_key: str = "",
-                 session: requests.Session | None = None) -> None:
+    url: str
+    what: str
+    started: float
+    timeout: urllib3.Timeout
+    deadline: float
+    cap: int
+    max_redirects: int
+
+
+class EngineHTTP:
+    """The engine's base URL and the one connection pool to it. Safe to share between the loop and its helper
+    threads (the pool is thread-safe; nothing here keeps per-request state)."""
+
+    def __init__(self, url: str, limits: HttpLimits | None = None, api_key: str = "") -> None:
         self.base = base_url(url)
-        self.limits = limits or HttpLimits()
-        self.session = session or requests.Session()
-        self.session.max_redirects = self.limits.max_redirects
-        self.session.trust_env = False
+        self.limits = lim = limits or HttpLimits()
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # the scrape's pool: one kept-alive connection per origin, verified against the CA bundle requests uses
-        self._pages = urllib3.PoolManager(num_pools=4, maxsize=1, cert_reqs="CERT_REQUIRED",
-                                          ca_certs=DEFAULT_CA_BUNDLE_PATH)
-        lim = self.limits
-        self._connect_read = (min(lim.connect_timeout, lim.read_timeout), lim.read_timeout)
-        self._page_timeout = urllib3.Timeout(connect=self._connect_read[0], read=self._connect_read[1])
-        self._page_retries = _PageRetry(total=None, connect=False, read=1, other=0, status=0,
-                                        redirect=lim.max_redirects, raise_on_redirect=True, raise_on_status=False)
+        self._pool = urllib3.PoolManager(num_pools=4, maxsize=POOL_SIZE, cert_reqs="CERT_REQUIRED",
+                                         ca_certs=DEFAULT_CA_BUNDLE_PATH)
+        self._timeout = _timeout(lim, lim.read_timeout)
+        self._retries = _Retry(total=None, connect=False, read=1, other=0, status=0, redirect=lim.max_redirects,
+                               raise_on_redirect=True, raise_on_status=False)
+
+    def get_page(self, path: str, *, accept: str = "text/plain") -> Reply:
+        """A GET of the page (``/metrics``, filtered or whole) with the limits as they are."""
+        return self.request("GET", path, accept=accept)
 
     def get(self, path: str, *, accept: str = "*/*", read_timeout: float | None = None,
             max_bytes: int | None = None) -> Reply:
@@ -90,94 +102,43 @@ class EngineHTTP:
 
     def request(self, method: str, path: str, *, body: dict[str, Any] | None = None, accept: str = "*/*",
                 read_timeout: float | None = None, max_bytes: int | None = None) -> Reply:
+        """``read_timeout`` (a generation's): the wait for the answer, and the least deadline for its body."""
         lim = self.limits
         url = self.base + path
-        read = lim.read_timeout if read_timeout is None else read_timeout
-        connect = min(lim.connect_timeout, read)
-        started = time.monotonic()
-        headers = {"Accept-Encoding": "identity", "Accept": accept, **self._auth}
-        try:
-            resp = self.session.request(method, url, json=body, timeout=(connect, read), stream=True,
-                                        headers=headers)
-        except requests.exceptions.ConnectTimeout:
-            raise HttpFailure("unreachable", f"no TCP connection to {url} within {connect:g}s") from None
-        except requests.exceptions.ReadTimeout:
-            raise HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within "
-                              f"{read:g}s") from None
-        except requests.exceptions.TooManyRedirects:
-            raise HttpFailure("redirects", f"{url} redirects more than {lim.max_redirects} times") from None
-        except requests.exceptions.ConnectionError as e:
-            text = str(e)
-            if "Connection refused" in text or "ECONNREFUSED" in text:
-                raise HttpFailure("refused", f"nothing listening at {url} (connection refused)") from None
-            if "Read timed out" in text:
-                raise HttpFailure(NO_ANSWER, f"{url}: no answer within {read:g}s") from None
-            if "RemoteDisconnected" in text or "Connection aborted" in text:
-                raise HttpFailure(LOST, f"{url}: the connection closed after {time.monotonic() - started:.1f}s "
-                                  "without an answer") from None
-            raise HttpFailure("unreachable", f"cannot reach {url}: {short(text)}") from None
-        except requests.exceptions.RequestException as e:
-            raise HttpFailure("unreachable", f"request to {url} failed: {short(str(e))}") from None
-        with resp:
-            what = "the page" if path.startswith("/metrics") else url
-            deadline = lim.deadline if read_timeout is None else max(lim.deadline, read_timeout)
-            data = _read_body(resp.raw, resp.status_code, what, started, deadline,
-                              lim.max_bytes if max_bytes is None else max_bytes)
-            return Reply(resp.status_code, resp.headers.get("Content-Type", ""), data)
-
-    def get_page(self, path: str, *, accept: str = "text/plain") -> Reply:
-        """A GET of the scrape (``/metrics``, filtered or whole) through the scrape's kept-alive connection, with the
-        limits' timeouts, deadline and byte cap. Called by one thread, the watch loop's."""
-        lim = self.limits
-        url = self.base + path
-        started = time.monotonic()
         headers = {"Accept-Encoding": "identity", "Accept": accept, "User-Agent": "engine-watchdog", **self._auth}
+        data = None
+        if body is not None:
+            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        at = _Attempt(url.split("?", 1)[0], "the page" if path.startswith("/metrics") else url, time.monotonic(),
+                      self._timeout if read_timeout is None else _timeout(lim, read_timeout),
+                      lim.deadline if read_timeout is None else max(lim.deadline, read_timeout),
+                      lim.max_bytes if max_bytes is None else max_bytes, lim.max_redirects)
         try:
-            resp = self._pages.urlopen("GET", url, headers=headers, timeout=self._page_timeout,
-                                       retries=self._page_retries, preload_content=False, decode_content=False)
+            resp = self._pool.urlopen(method, url, body=data, headers=headers, timeout=at.timeout,
+                                      retries=self._retries, preload_content=False, decode_content=False)
         except urllib3.exceptions.HTTPError as e:
-            raise self._page_failure(e, url.split("?", 1)[0], started) from None  # the page's URL, not the filter
+            raise _failure(e, at) from None
         try:
-            data = _read_body(resp, resp.status, "the page", started, lim.deadline, lim.max_bytes)
+            content = _read_body(resp, at)
         except HttpFailure:
             resp.close()  # the connection is dropped, not read on to the end
             raise
         finally:
             resp.release_conn()
-        return Reply(resp.status, resp.headers.get("Content-Type", ""), data)
-
-    def _page_failure(self, e: Exception, url: str, started: float) -> HttpFailure:
-        """The failure of `get_page` before an answer, in the kinds and words of `request`."""
-        if isinstance(e, MaxRetryError):
-            if isinstance(e.reason, ResponseError):
-                return HttpFailure("redirects", f"{url} redirects more than {self.limits.max_redirects} times")
-            e = e.reason or e
-        connect, read = self._connect_read
-        if isinstance(e, NewConnectionError):
-            if isinstance(e.__cause__, ConnectionRefusedError):
-                return HttpFailure("refused", f"nothing listening at {url} (connection refused)")
-            return HttpFailure("unreachable", f"cannot reach {url}: {short(str(e))}")
-        if isinstance(e, ConnectTimeoutError):
-            return HttpFailure("unreachable", f"no TCP connection to {url} within {connect:g}s")
-        if isinstance(e, ReadTimeoutError):
-            return HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within {read:g}s")
-        if isinstance(e, ProtocolError):
-            cause = e.args[1] if len(e.args) > 1 else None
-            if isinstance(cause, http.client.HTTPException) and not isinstance(cause, http.client.RemoteDisconnected):
-                return HttpFailure("unreachable", f"{url} did not answer HTTP: {short(str(cause), 80)}")
-            return HttpFailure(LOST, f"{url}: the connection closed after {time.monotonic() - started:.1f}s "
-                               "without an answer")
-        return HttpFailure("unreachable", f"request to {url} failed: {short(str(e))}")
+        return Reply(resp.status, resp.headers.get("Content-Type", ""), content)
 
     def close(self) -> None:
-        self.session.close()
-        self._pages.clear()
+        self._pool.clear()
 
 
-class _PageRetry(urllib3.Retry):
-    """The scrape's retries: redirects up to the cap; one more try on a fresh connection when the connection closed
-    before the answer began (a kept-alive one the server dropped as the request went); none after a timeout (the
-    read timeout is waited once) or a failed connect. Any status is an answer."""
+def _timeout(lim: HttpLimits, read: float) -> urllib3.Timeout:
+    return urllib3.Timeout(connect=min(lim.connect_timeout, read), read=read)
+
+
+class _Retry(urllib3.Retry):
+    """Redirects up to the cap; one more try on a fresh connection when the connection closed before the answer
+    began (a kept-alive one the server dropped as the request went; urllib3 never retries a POST so); none after a
+    timeout (the read timeout is waited once) or a failed connect. Any status is an answer."""
 
     def increment(self, method: str | None = None, url: str | None = None,
                   response: urllib3.BaseHTTPResponse | None = None, error: Exception | None = None,
@@ -188,29 +149,53 @@ class _PageRetry(urllib3.Retry):
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
-def _read_body(raw: urllib3.BaseHTTPResponse, status: int, what: str, started: float, deadline: float,
-               cap: int) -> bytes:
+def _read_body(resp: urllib3.BaseHTTPResponse, at: _Attempt) -> bytes:
     """The body, read as it comes, up to the byte cap and the deadline for the whole of it."""
     chunks: list[bytes] = []
     size = 0
     try:
-        while True:
-            chunk = raw.read1(65536)
-            if not chunk:
-                break
+        while chunk := resp.read1(65536):
             size += len(chunk)
-            if size > cap:
-                raise HttpFailure("too_big", f"{what} is larger than the {cap} byte cap; stopped reading", status)
+            if size > at.cap:
+                raise HttpFailure("too_big", f"{at.what} is larger than the {at.cap} byte cap; stopped reading",
+                                  resp.status)
             chunks.append(chunk)
-            if time.monotonic() - started > deadline:
-                raise HttpFailure("trickle", f"{what} not complete after {deadline:g}s ({size} bytes so far): "
-                                  "the server is sending too slowly", status)
-    except (urllib3.exceptions.HTTPError, requests.exceptions.RequestException, OSError) as e:
-        kind = NO_ANSWER if isinstance(e, ReadTimeoutError | TimeoutError) else "truncated"
-        raise HttpFailure(kind, f"reading {what} failed after {size} bytes: {short(str(e))}") from None
+            if time.monotonic() - at.started > at.deadline:
+                raise HttpFailure("trickle", f"{at.what} not complete after {at.deadline:g}s ({size} bytes so far): "
+                                  "the server is sending too slowly", resp.status)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise _failure(e, at, size) from None
     return b"".join(chunks)
+
+
+def _failure(e: Exception, at: _Attempt, body_read: int | None = None) -> HttpFailure:
+    """The failure ``e`` as a kind and words, by its type: before any answer, or (``body_read``: the bytes of the body
+    read so far) while the body was read."""
+    if body_read is not None:
+        kind = NO_ANSWER if isinstance(e, ReadTimeoutError | TimeoutError) else "truncated"
+        return HttpFailure(kind, f"reading {at.what} failed after {body_read} bytes: {short(str(e))}")
+    url = at.url
+    if isinstance(e, MaxRetryError):
+        if isinstance(e.reason, ResponseError):
+            return HttpFailure("redirects", f"{url} redirects more than {at.max_redirects} times")
+        e = e.reason or e
+    if isinstance(e, NewConnectionError):  # before ConnectTimeoutError, its base class
+        if isinstance(e.__cause__, ConnectionRefusedError):
+            return HttpFailure("refused", f"nothing listening at {url} (connection refused)")
+        return HttpFailure("unreachable", f"cannot reach {url}: {short(str(e))}")
+    if isinstance(e, ConnectTimeoutError):
+        return HttpFailure("unreachable", f"no TCP connection to {url} within {at.timeout.connect_timeout:g}s")
+    if isinstance(e, ReadTimeoutError):
+        return HttpFailure(NO_ANSWER, f"{url} accepted the connection but sent no response within "
+                           f"{at.timeout.read_timeout:g}s")
+    if isinstance(e, ProtocolError):
+        cause = e.args[1] if len(e.args) > 1 else None
+        if isinstance(cause, http.client.HTTPException) and not isinstance(cause, http.client.RemoteDisconnected):
+            return HttpFailure("unreachable", f"{url} did not answer HTTP: {short(str(cause), 80)}")
+        return HttpFailure(LOST, f"{url}: the connection closed after {time.monotonic() - at.started:.1f}s "
+                           "without an answer")
+    return HttpFailure("unreachable", f"request to {url} failed: {short(str(e))}")
 
 
 def short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
-

@@ -125,7 +125,8 @@ class Daemon:
                 self.gpu = None  # said once by the monitor: no GPU here, and nothing else happens
         if self.cfg.capture.enabled and not once:
             self.remote = RemoteEvidence(self.cfg, links) if self.cfg.nodes else None
-            investigator = Investigator(self.cfg, self.http, gpu=self.gpu, others=self.remote)
+            investigator = Investigator(self.cfg, self.http, gpu=self.gpu, others=self.remote,
+                                        reading=lambda: watcher.page)  # the page the judge read last
             for problem in investigator.preflight():
                 log.warning("evidence capture: %s", problem)
             self.runner = EvidenceRunner(investigator)

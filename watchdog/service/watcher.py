@@ -11,7 +11,15 @@ from collections.abc import Callable
 from typing import Protocol
 
 from watchdog.config.load import Config
-from watchdog.core.types import Observation, ProbeFinished, ProbeStarted, Scrape, ServerProcess, Transition
+from watchdog.core.types import (
+    Observation,
+    PageReading,
+    ProbeFinished,
+    ProbeStarted,
+    Scrape,
+    ServerProcess,
+    Transition,
+)
 from watchdog.evidence.collect.discover import server_for_url
 from watchdog.judge.judge import Judge
 from watchdog.scrape.engine_http import EngineHTTP
@@ -53,12 +61,15 @@ class Watcher:
         self.find_server = find_server
         self.sinks = sinks or []
         self.clock, self.wall = clock, wall
+        # the last scrape's page as the judge read it (None: it could not be read); the evidence thread reads it
+        self.page: PageReading | None = None
 
     def tick(self) -> list[Transition]:
         out: list[Transition] = []
         if self.prober is not None and (done := self.prober.poll()) is not None:
             out += self.feed(done)
         scrape = self.fetcher.scrape()
+        self.page = scrape.page
         if self.find_server is not None and scrape.error_kind in ("refused", "unreachable"):
             out += self.feed(self.find_server())  # the port is closed: is a server for it booting?
         out += self.feed(scrape)

@@ -17,6 +17,7 @@ from typing import Protocol
 from watchdog.config.load import Config
 from watchdog.core.processes import LOCAL, Capture, EngineProcess, Problem
 from watchdog.core.roles import Role
+from watchdog.core.types import PageReading
 from watchdog.evidence.bundle.write import BundleError, BundleHeader, prune, said_of, write_bundle
 from watchdog.evidence.collect.capture import MISSING_HINT, PTRACE_HINT, Capturer, find_pyspy
 from watchdog.evidence.collect.context import Context, LogSource, fetch_metrics_page, gather, installed_versions
@@ -53,13 +54,17 @@ class OtherNodes(Protocol):
 
 
 class Investigator:
-    """``others``: the other nodes' evidence when there are ``[[nodes]]`` (None: this node alone)."""
+    """``others``: the other nodes' evidence when there are ``[[nodes]]`` (None: this node alone). ``reading``: the
+    page as the judge last read it (the daemon's watcher's, `Watcher.page`; None when it could not be read), whose
+    running/waiting the assessment weighs; without it the page is read here."""
 
     def __init__(self, cfg: Config, http: EngineHTTP, finder: Callable[[], list[EngineProcess]] | None = None,
                  capturer: Capturer | None = None, gpu: GpuMonitor | None = None,
                  others: OtherNodes | None = None,
-                 survivors: Callable[[], list[EngineProcess]] | None = None) -> None:
+                 survivors: Callable[[], list[EngineProcess]] | None = None,
+                 reading: Callable[[], PageReading | None] | None = None) -> None:
         self.cfg, self.http, self.gpu = cfg, http, gpu
+        self.reading = reading or self._read_page
         c = cfg.capture
         self.base = http.base
         self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter,
@@ -81,16 +86,23 @@ class Investigator:
         return problems
 
     def page_work(self, engine: str) -> PageWork | None:
-        """The page's running/waiting for ``engine`` now (the one engine when unnamed); None if it cannot be read."""
+        """The page's running/waiting for ``engine`` (the one engine when unnamed); None if it cannot be read."""
+        page = self.reading()
+        if page is None:
+            return None
+        engines = page.engines
+        e = engines.get(engine) or (next(iter(engines.values())) if len(engines) == 1 else None)
+        return PageWork(e.running, e.waiting) if e is not None else None
+
+    def _read_page(self) -> PageReading | None:
+        """The page now, for a caller with no reading of its own."""
         text, problem = fetch_metrics_page(self.http)
         if problem or not text:
             return None
         try:
-            engines = read_page(text).engines
+            return read_page(text)
         except PageError:
             return None
-        e = engines.get(engine) or (next(iter(engines.values())) if len(engines) == 1 else None)
-        return PageWork(e.running, e.waiting) if e is not None else None
 
     def investigate(self, work_pending: bool | None, engine: str = "", down: bool = False) -> Evidence:
         """The stacks of the engine's processes. ``down``: of those still alive under its port or container (none:

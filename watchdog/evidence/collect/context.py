@@ -195,9 +195,10 @@ def gather(http: EngineHTTP, metrics_page: str, src: LogSource, pids: Sequence[i
 
 
 def fetch_metrics_page(http: EngineHTTP) -> tuple[str, str]:
-    """The raw page for the bundle (the judgement's reading of it is elsewhere): (text, problem)."""
+    """The whole raw page for the bundle, read as the scrape reads it (the judgement's reading is elsewhere):
+    (text, problem)."""
     try:
-        reply = http.get("/metrics", accept="text/plain")
+        reply = http.get_page("/metrics")
     except HttpFailure as e:
         return "", f"metrics page: {e.message}"
     if reply.status != 200:
