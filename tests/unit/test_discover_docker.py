@@ -25,13 +25,13 @@ from watchdog.evidence.collect.proxy import (
     InitPids,
     ProcFS,
     ProxyTarget,
-    container_pid,
-    listening_inodes,
     local_addresses,
     parse_docker_proxy,
     server_behind_proxy,
     topmost,
 )
+from watchdog.host.docker_cli import container_pid
+from watchdog.host.sockets import Listener, listeners
 
 PROXY_ARGV = ["/usr/bin/docker-proxy", "-proto", "tcp", "-host-ip", "0.0.0.0", "-host-port", "18711",
               "-container-ip", "172.17.0.2", "-container-port", "8000"]
@@ -90,11 +90,11 @@ FIB = """Main:
 """
 
 
-def test_listening_inodes_only_listen_on_the_port() -> None:
-    assert listening_inodes(TCP, 8000) == {5551}  # the established one on 8000 is not a listener
-    assert listening_inodes(TCP, 8001) == {5552}
-    assert listening_inodes(TCP6, 8000) == {6661}
-    assert listening_inodes(TCP, 9000) == set() and listening_inodes("", 8000) == set()
+def test_the_listeners_of_a_table_are_its_listen_lines() -> None:
+    # the established one on 8000 is not a listener, the garbage line is skipped
+    assert listeners(TCP) == [Listener("0.0.0.0", 8000, 5551), Listener("127.0.0.1", 8001, 5552)]
+    assert listeners(TCP6) == [Listener("::", 8000, 6661)]
+    assert listeners("") == [] and listeners(TCP.splitlines()[0]) == []
 
 
 def test_local_addresses_from_fib_trie() -> None:
@@ -208,7 +208,8 @@ class Runner:
 def test_container_pid_through_docker_inspect() -> None:
     r = Runner(0, "4242\n")
     assert container_pid("vllm-tp2", r, timeout=7.0) == (4242, "")
-    assert r.calls == [(["docker", "inspect", "--format", "{{.State.Pid}}", "--", "vllm-tp2"], 7.0)]
+    assert r.calls == [(["docker", "inspect", "--type", "container", "--format", "{{.State.Pid}}", "--", "vllm-tp2"],
+                        7.0)]
     assert container_pid("c", Runner(0, "0\n")) == (None, "container c is not running")
     pid, why = container_pid("gone", Runner(1, "", "Error: No such object: gone\n"))
     assert pid is None and why == "docker inspect gone: Error: No such object: gone"

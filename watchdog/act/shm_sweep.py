@@ -16,7 +16,7 @@ from watchdog.act.restart import ShmReport
 from watchdog.config.load import Config
 from watchdog.config.nodes import LOCAL
 from watchdog.evidence.collect.capture import run_argv
-from watchdog.evidence.collect.proxy import container_pid
+from watchdog.host.docker_cli import container_pid
 from watchdog.host.ns_paths import root_of
 from watchdog.nodes.shm import Segment, remove_segment, shm_segments
 from watchdog.nodes.transport import NodeError, NodeLink

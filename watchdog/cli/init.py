@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import os
 import shutil
 import sys
@@ -25,7 +24,9 @@ from typing import Any
 from watchdog.cli.config import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from watchdog.config.load import ConfigError, load
 from watchdog.config.starter import HostFound, ServerFound, compose, is_api_server, server_port
-from watchdog.host.run import run
+from watchdog.host import docker_cli
+from watchdog.host.proc_stat import read_stat
+from watchdog.host.sockets import held_listeners
 from watchdog.nodes.identity import cgroup_paths, docker_id_in, unit_in
 
 
@@ -36,29 +37,7 @@ def _argv(pid: str, proc: Path) -> tuple[str, ...]:
 
 def _listening(pid: str, proc: Path) -> tuple[tuple[str, int], ...]:
     """(address, port) of the TCP sockets this process holds open and listening (its own network namespace)."""
-    inodes = set()
-    with contextlib.suppress(OSError):
-        for fd in (proc / pid / "fd").iterdir():
-            with contextlib.suppress(OSError):
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-    out = []
-    for table in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            for line in (proc / pid / "net" / table).read_text().splitlines()[1:]:
-                f = line.split()
-                if len(f) > 9 and f[3] == "0A" and f[9] in inodes:  # 0A: LISTEN
-                    addr, port = f[1].rsplit(":", 1)
-                    out.append((_address(addr), int(port, 16)))
-    return tuple(sorted(set(out)))
-
-
-def _address(hexa: str) -> str:
-    """/proc/net/tcp's address (host byte order, 32-bit words) as text."""
-    raw = bytes.fromhex(hexa)
-    flipped = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(flipped))
+    return tuple(sorted({(x.address, x.port) for x in held_listeners(int(pid), proc)}))
 
 
 def _has_env(pid: str, proc: Path, name: str) -> str | None:
@@ -75,16 +54,9 @@ def _docker(container_id: str, port: int, notes: list[str]) -> tuple[str, int]:
     if not shutil.which("docker"):
         notes.append(f"docker is not installed here: container {container_id[:12]} named by its id")
         return container_id[:12], 0
-    r = run(["docker", "inspect", "--format", "{{.Name}}", container_id], 15.0)
-    name = r.output.strip().lstrip("/") if r.ok and r.output.strip() else container_id[:12]
-    r = run(["docker", "port", container_id, f"{port}/tcp"], 15.0)
-    published = 0
-    for line in r.output.splitlines() if r.ok else []:
-        tail = line.strip().rsplit(":", 1)[-1]
-        if tail.isdigit():
-            published = int(tail)
-            break
-    return name, published
+    name, _ = docker_cli.container_name(container_id, timeout=15.0)
+    published, _ = docker_cli.published_port(container_id, port, timeout=15.0)
+    return name or container_id[:12], published or 0
 
 
 def find_servers(proc: Path = Path("/proc"), notes: list[str] | None = None) -> tuple[ServerFound, ...]:
@@ -119,9 +91,8 @@ def find_servers(proc: Path = Path("/proc"), notes: list[str] | None = None) -> 
 
 
 def _parent(pid: int, proc: Path) -> int:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        return int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    return 0
+    st = read_stat(pid, proc)
+    return 0 if st is None else st.ppid
 
 
 def count_gpus() -> tuple[int | None, str]:

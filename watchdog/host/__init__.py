@@ -1,6 +1,10 @@
 """Host: this machine's processes, at the bottom of everything that does I/O.
 
-``run`` (one child: argv only, a timeout, its process group ended, the outcome as data), ``ptrace`` (may we attach,
-and why not), ``childenv`` (the environment children get), ``files`` (a file someone else controls, opened as root
-without following a link, hanging on a FIFO or reading past a cap). Imports only ``core``.
+``run`` (one child: argv only, a timeout, its process group ended, the outcome as data), ``docker_cli`` (Docker's
+command line asked about one container: its id, name, init pid, published port, one answer shape), ``proc_stat``
+(a process's ``/proc/PID/stat``: state, parent, CPU, threads, start time), ``sockets`` (the TCP sockets listening
+in a process's network namespace, and those it holds), ``ptrace`` (may we attach, and why not), ``childenv`` (the
+environment children get), ``files`` (a file someone else controls, opened as root without following a link,
+hanging on a FIFO or reading past a cap), ``ns_paths`` (where a path named by a process in another mount
+namespace is on this host). Imports only ``core``.
 """

@@ -2,13 +2,16 @@
 as data, never an exception.
 
 Every command the watchdog starts and waits for comes through here: the restart steps (`act.restart`, and a node's
-agent running one for the head), py-spy and the context commands (`evidence.collect.capture.run_argv`), and the
-calls to other nodes (`nodes.transport`: ssh, the request on stdin, the answer capped).
+agent running one for the head), py-spy and the context commands (`evidence.collect.capture.run_argv`), Docker's
+CLI (`host.docker_cli`), and the calls to other nodes (`nodes.transport`: ssh, the request on stdin, the answer
+capped).
 
 - `run`: stdout and stderr merged into a temporary file, its last ``OUTPUT_TAIL_BYTES`` kept (a file, not a pipe:
   a grandchild left holding the output cannot keep us waiting once the command itself exits);
 - `communicate`: ``data`` written to stdin, stdout and stderr read apart until both close, with one deadline and a
-  byte cap on each; past either the command is ended.
+  byte cap on each; past either the command is ended;
+- `run_text`: `communicate`'s answer as (exit status, stdout, stderr), the shape the evidence's and Docker's
+  callers take (`evidence.collect.capture.run_argv`, `host.docker_cli`).
 
 Each command leads a session of its own (so its pid is its process group's id) and gets the watchdog's environment
 minus what systemd meant for the watchdog alone (`childenv`). A command ended for its time or its output loses its
@@ -129,6 +132,20 @@ def communicate(argv: Sequence[str], timeout: float, data: bytes | None = None, 
         return RunResult(args, None, duration, False, "", f"{which} bytes: ended", stdout, stderr, too_big=True)
     rc = child.returncode
     return RunResult(args, rc, duration, False, "", exit_text(rc), stdout, stderr)
+
+
+def run_text(argv: Sequence[str], timeout: float, max_out: int = MAX_STDOUT, max_err: int = MAX_STDERR,
+             kill_grace: float = KILL_GRACE) -> tuple[int, str, str]:
+    """`communicate` with stdin empty, its outcome as (exit status, stdout, stderr) text: 124 when it timed out
+    (its process group ended), 127 when it could not start, 1 when its output was past a cap (what was read kept,
+    the reason after stderr)."""
+    r = communicate(argv, timeout, max_out=max_out, max_err=max_err, kill_grace=kill_grace)
+    if r.timed_out:
+        return 124, "", f"timed out after {timeout:g}s"
+    out, err = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+    if r.rc is None:
+        return (1, out, err + r.error) if r.too_big else (127, "", r.error)
+    return r.rc, out, err
 
 
 def _exchange(child: subprocess.Popen[bytes], data: bytes, out: bytearray, err: bytearray, deadline: float,

@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog.host.run import communicate
+from watchdog.host import docker_cli
+from watchdog.host.proc_stat import read_stat
 
 UNIT = re.compile(r"^[A-Za-z0-9:_.\\@-]{1,240}\.(service|scope)$")
 CONTAINER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -134,19 +135,17 @@ def verdict(uids: Iterable[int], paths: list[str], rule: Identity,
 class EngineIdentity:
     """`verdict` on live processes: reads /proc, asks docker for a container name's id (cached)."""
 
-    def __init__(self, rule: Identity, proc: str = "/proc", docker: str = "docker",
+    def __init__(self, rule: Identity, proc: str = "/proc", runner: docker_cli.Runner = docker_cli.run_docker,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.rule, self.proc, self.docker, self.clock = rule, Path(proc), docker, clock
+        self.rule, self.proc, self.runner, self.clock = rule, Path(proc), runner, clock
         self._ids: dict[str, tuple[float, set[str]]] = {}
 
     def container_ids(self, name: str) -> set[str]:
         got = self._ids.get(name)
         if got is not None and self.clock() - got[0] < RESOLVE_EVERY:
             return got[1]
-        r = communicate([self.docker, "inspect", "--type", "container", "--format", "{{.Id}}", name], 5.0,
-                        max_out=4096, max_err=4096)
-        ids = {x for x in r.stdout.decode(errors="replace").split() if re.fullmatch(r"[0-9a-f]{64}", x)} \
-            if r.rc == 0 else set()
+        cid, _ = docker_cli.container_id(name, self.runner, 5.0)
+        ids = {cid} if cid else set()
         self._ids[name] = (self.clock(), ids)
         return ids
 
@@ -154,21 +153,19 @@ class EngineIdentity:
         """"" when pid (titled ``title`` when found) is the engine's; else why not (gone, changed, not the engine's)."""
         base = self.proc / str(pid)
         try:
-            started = _start_time(base)
+            started = read_stat(pid, self.proc)
             status = (base / "status").read_text(errors="replace")
             cgroup = (base / "cgroup").read_text(errors="replace")
             init = (self.proc / "1" / "cgroup").read_text(errors="replace")
             cmdline = (base / "cmdline").read_bytes()
-            if _start_time(base) != started:
-                return "gone: its pid was reused while it was read"
-        except (OSError, IndexError, ValueError):
+            again = read_stat(pid, self.proc)
+        except OSError:
             return "gone, or /proc unreadable"
+        if started is None or again is None:
+            return "gone, or /proc unreadable"
+        if again.starttime != started.starttime:
+            return "gone: its pid was reused while it was read"
         if not title or not cmdline.replace(b"\0", b" ").decode(errors="replace").startswith(title):
             return "its title changed while it was read"
         uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
         return verdict((int(u) for u in uids), cgroup_paths(cgroup, init), self.rule, self.container_ids)
-
-
-def _start_time(base: Path) -> str:
-    raw = (base / "stat").read_text(errors="replace")
-    return raw.rsplit(")", 1)[1].split()[19]

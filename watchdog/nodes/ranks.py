@@ -10,40 +10,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from watchdog.core.processes import EngineProcess
+from watchdog.host.proc_stat import read_stat
 from watchdog.nodes.protocol import RANK_STATES
 
 GONE_REDISCOVER = 5.0  # seconds between discoveries while a rank is reported gone (waiting for its successor)
-
-
-def stat_of(pid: int) -> tuple[str, str] | None:
-    """(state letter, start time in ticks) of a pid, or None when it does not exist."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw.rsplit(")", 1)[1].split()
-    return fields[0], fields[19]
 
 
 class RankTracker:
     def __init__(self, find: Callable[[], Sequence[EngineProcess]], rediscover_every: float = 30.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.find, self.every, self.clock = find, rediscover_every, clock
-        self.known: dict[int, tuple[EngineProcess, str]] = {}  # pid -> (process, start time)
+        self.known: dict[int, tuple[EngineProcess, int]] = {}  # pid -> (process, start time)
         self.gone: dict[str, dict[str, Any]] = {}  # title -> its last report, while no successor exists
         self.found_at = -1e18
 
     def _rediscover(self) -> None:
         self.found_at = self.clock()
-        fresh: dict[int, tuple[EngineProcess, str]] = {}
+        fresh: dict[int, tuple[EngineProcess, int]] = {}
         for p in self.find():
-            st = stat_of(p.pid)
+            st = read_stat(p.pid)
             if st is not None:
-                fresh[p.pid] = (p, st[1])
+                fresh[p.pid] = (p, st.starttime)
         for pid, (p, started) in self.known.items():
             if pid not in fresh or fresh[pid][1] != started:
                 self.gone[p.title] = {"pid": pid, "title": p.title, "role": p.role.value, "state": "gone"}
@@ -57,8 +47,8 @@ class RankTracker:
         report = []
         lost = False
         for pid, (p, started) in list(self.known.items()):
-            st = stat_of(pid)
-            state = "gone" if st is None or st[1] != started else RANK_STATES.get(st[0], "running")
+            st = read_stat(pid)
+            state = "gone" if st is None or st.starttime != started else RANK_STATES.get(st.state, "running")
             if state == "gone":
                 lost = True
                 del self.known[pid]

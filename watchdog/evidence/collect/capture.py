@@ -24,8 +24,9 @@ from typing import Protocol
 import psutil
 
 from watchdog.core.processes import Capture, Dump, EngineProcess, Failure, Problem, ProcFacts
+from watchdog.host.proc_stat import read_stat
 from watchdog.host.ptrace import scope_note
-from watchdog.host.run import communicate
+from watchdog.host.run import run_text
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +53,11 @@ class DumpRunner(Protocol):
 
 
 def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
-    """The real runner (`watchdog.host.run.communicate`: an argv, never a shell, in a session of its own, without
+    """The real runner (`watchdog.host.run.run_text`: an argv, never a shell, in a session of its own, without
     systemd's notify variables): (exit status, stdout, stderr); 124 when it timed out (its process group ended),
     127 when it could not start, 1 when its output was past the cap."""
-    r = communicate(argv, timeout, max_out=MAX_OUTPUT, max_err=MAX_OUTPUT,  # docker logs: the log on stderr
+    return run_text(argv, timeout, max_out=MAX_OUTPUT, max_err=MAX_OUTPUT,  # docker logs: the log on stderr
                     kill_grace=KILL_GRACE)
-    if r.timed_out:
-        return 124, "", f"timed out after {timeout:g}s"
-    out, err = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
-    if r.rc is None:
-        return (1, out, err + r.error) if r.too_big else (127, "", r.error)
-    return r.rc, out, err
 
 
 def find_pyspy(configured: str = "") -> str | None:
@@ -76,28 +71,19 @@ def find_pyspy(configured: str = "") -> str | None:
 
 def cpu_seconds(pid: int) -> float | None:
     """CPU (user + system, every thread) the process has used, or None when it is gone or unreadable."""
-    try:
-        t = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return None
-    return t.user + t.system
+    st = read_stat(pid)
+    return None if st is None else st.cpu_seconds
 
 
 def proc_facts(pid: int) -> ProcFacts | None:
-    try:
-        p = psutil.Process(pid)
-        with p.oneshot():
-            cpu = p.cpu_times()
-            threads = p.num_threads()
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        state = stat.rsplit(")", 1)[1].split()[0]
-        try:
-            wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
-        except OSError:
-            wchan = ""
-        return ProcFacts(state, wchan, cpu.user + cpu.system, threads)
-    except (psutil.Error, OSError, IndexError):
+    st = read_stat(pid)
+    if st is None:
         return None
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        wchan = ""
+    return ProcFacts(st.state, wchan, st.cpu_seconds, st.num_threads)
 
 
 class Capturer:

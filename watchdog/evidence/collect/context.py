@@ -16,6 +16,7 @@ from pathlib import Path
 from watchdog import __version__
 from watchdog.core.processes import NodeContext, Problem
 from watchdog.evidence.collect.capture import DumpRunner, run_argv
+from watchdog.host.docker_cli import logs_argv
 from watchdog.host.files import list_dir, read_tail
 from watchdog.host.ns_paths import host_path, root_of
 from watchdog.scrape.engine_http import EngineHTTP, HttpFailure
@@ -76,7 +77,7 @@ def log_tail(src: LogSource, runner: DumpRunner = run_argv, timeout: float = 10.
     if src.journal_unit:
         argv = ["journalctl", "-u", src.journal_unit, "-n", str(src.lines), "--no-pager", "-o", "short-iso"]
     elif src.docker_container:
-        argv = ["docker", "logs", "--tail", str(src.lines), src.docker_container]
+        argv = logs_argv(src.docker_container, src.lines)
     if argv is None:
         return "", "", ""
     where = " ".join(argv[:3])

@@ -6,9 +6,10 @@ not the engine. The API server is the process, in another network namespace, tha
 its namespace's ``/proc/PID/net/tcp{,6}`` shows a LISTEN socket on that port, the process holds that socket's inode
 among its ``/proc/PID/fd``, and the namespace owns the container's address (``/proc/PID/net/fib_trie``).
 
-The parsing (argv, the tcp tables, fib_trie) takes text and reads nothing; `ProcFS` reads a /proc tree (the
-host's, or a fake one in the tests); `server_behind_proxy` chooses. `container_pid` asks ``docker inspect`` for
-a named container's init pid (the userland proxy off: no host listener at all).
+The parsing (argv, fib_trie) takes text and reads nothing; `ProcFS` reads a /proc tree (the host's, or a fake one
+in the tests; its tcp tables and sockets through `watchdog.host.sockets`); `server_behind_proxy` chooses. `InitPids`
+keeps a named container's init pid (`watchdog.host.docker_cli.container_pid`, for the userland proxy off: no host
+listener at all) while that process lives.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
+from watchdog.host.docker_cli import Runner, container_pid
+from watchdog.host.proc_stat import read_stat
+from watchdog.host.sockets import read_listeners, socket_inodes
 
-LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
+__all__ = ["InitPids", "ProcFS", "ProxyTarget", "is_docker_proxy", "local_addresses",
+           "parse_docker_proxy", "server_behind_proxy", "topmost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,21 +71,6 @@ def parse_docker_proxy(argv: Sequence[str]) -> ProxyTarget | None:
     if not 0 < port < 65536:
         return None
     return ProxyTarget(flags.get("container-ip", ""), port, host_port)
-
-
-def listening_inodes(table: str, port: int) -> set[int]:
-    """Socket inodes LISTENing on ``port`` in a /proc/PID/net/tcp or tcp6 table (any local address)."""
-    out: set[int] = set()
-    for line in table.splitlines()[1:]:
-        f = line.split()
-        if len(f) < 10 or f[3] != LISTEN or ":" not in f[1]:
-            continue
-        try:
-            if int(f[1].rsplit(":", 1)[1], 16) == port:
-                out.add(int(f[9]))
-        except ValueError:
-            continue
-    return out
 
 
 def local_addresses(fib_trie: str) -> set[str]:
@@ -134,31 +123,14 @@ class ProcFS:
 
     def listening(self, pid: int, port: int) -> set[int]:
         """Inodes of the sockets listening on ``port`` in ``pid``'s network namespace."""
-        return listening_inodes(self._read(pid, "net/tcp"), port) | listening_inodes(self._read(pid, "net/tcp6"),
-                                                                                      port)
+        return {x.inode for x in read_listeners(pid, self.root) if x.port == port}
 
     def addresses(self, pid: int) -> set[str]:
         return local_addresses(self._read(pid, "net/fib_trie"))
 
     def sockets(self, pid: int) -> set[int]:
         """Inodes of the sockets ``pid`` holds open."""
-        out: set[int] = set()
-        d = f"{self.root}/{pid}/fd"
-        try:
-            fds = os.listdir(d)
-        except OSError:
-            return out
-        for fd in fds:
-            try:
-                t = os.readlink(f"{d}/{fd}")
-            except OSError:
-                continue
-            if t.startswith("socket:[") and t.endswith("]"):
-                try:
-                    out.add(int(t[8:-1]))
-                except ValueError:
-                    continue
-        return out
+        return socket_inodes(pid, self.root)
 
 
 def server_behind_proxy(proxy_pid: int, target: ProxyTarget, fs: ProcFS | None = None) -> int | None:
@@ -202,28 +174,10 @@ def topmost(pids: Iterable[int], ppid: Callable[[int], int | None]) -> int:
     return chosen[0]
 
 
-def container_pid(name: str, runner: Callable[[Sequence[str], float], tuple[int, str, str]],
-                  timeout: float = 10.0) -> tuple[int | None, str]:
-    """(The init pid of a running container named ``name``, "") or (None, why not): ``docker inspect``."""
-    rc, out, err = runner(["docker", "inspect", "--format", "{{.State.Pid}}", "--", name], timeout)
-    if rc != 0:
-        why = (err.strip() or out.strip() or f"exit status {rc}").splitlines()[-1][:300]
-        return None, f"docker inspect {name}: {why}"
-    try:
-        pid = int(out.strip())
-    except ValueError:
-        return None, f"docker inspect {name}: not a pid: {out.strip()[:100]!r}"
-    if pid <= 0:
-        return None, f"container {name} is not running"
-    return pid, ""
-
-
 def _started(pid: int) -> float | None:
     """When ``pid`` started (its identity against reuse of the number); None when it is gone."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+    st = read_stat(pid)
+    return None if st is None else st.starttime
 
 
 class InitPids:
@@ -235,8 +189,7 @@ class InitPids:
         self.started = started
         self.known: dict[str, tuple[int, float]] = {}
 
-    def __call__(self, name: str, runner: Callable[[Sequence[str], float], tuple[int, str, str]],
-                 timeout: float = 10.0) -> tuple[int | None, str]:
+    def __call__(self, name: str, runner: Runner, timeout: float = 10.0) -> tuple[int | None, str]:
         if name in self.known:
             pid, t = self.known[name]
             if self.started(pid) == t:
