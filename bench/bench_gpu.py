@@ -1,6 +1,6 @@
 """CPU cost of GPU sampling: the watchdog's NVML sampler against polling ``nvidia-smi`` at the same rate.
 
-Run (on a machine with a GPU; the device run does it, see device/README.md):
+Run (on a machine with a GPU; the device run does it, see tests/device/README.md):
 ``python3 bench/bench_gpu.py [--seconds 30] [--interval 1] [--out FILE]``.
 
 Three figures, all CPU time (``time.process_time`` for this process, ``RUSAGE_CHILDREN`` for nvidia-smi):

@@ -617,5 +617,5 @@ def test_the_investigator_weighs_the_page_the_judge_read_and_reads_none_itself()
     assert inv.page_work("") is None  # two engines: which one is not known
     fetcher.page = None
     watcher.tick()
-    assert inv.page_work("0") is None  # the last scrape could not read the page
+    assert inv.page_work("0") == PageWork(running=1.0, waiting=3.0)  # a failed scrape: the last page read stands
     assert Investigator(Config(), http, finder=list).page_work("0") is None  # its own read: nobody answers

@@ -77,7 +77,6 @@ DOES_IO = (
     "watchdog.act.respond",
     "watchdog.act.restart",
     "watchdog.act.shm_sweep",
-    "watchdog.act.sight",
     "watchdog.act.state",
     "watchdog.config.load",
     "watchdog.evidence.bundle.coordinator",

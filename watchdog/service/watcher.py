@@ -61,7 +61,8 @@ class Watcher:
         self.find_server = find_server
         self.sinks = sinks or []
         self.clock, self.wall = clock, wall
-        # the last scrape's page as the judge read it (None: it could not be read); the evidence thread reads it
+        # the last page the judge could read (a failed scrape keeps it: a wedged engine's gauges hold their values,
+        # and a slow answer at suspicion must not cost the stacks their running/waiting); the evidence thread reads it
         self.page: PageReading | None = None
 
     def tick(self) -> list[Transition]:
@@ -69,7 +70,8 @@ class Watcher:
         if self.prober is not None and (done := self.prober.poll()) is not None:
             out += self.feed(done)
         scrape = self.fetcher.scrape()
-        self.page = scrape.page
+        if scrape.page is not None:
+            self.page = scrape.page
         if self.find_server is not None and scrape.error_kind in ("refused", "unreachable"):
             out += self.feed(self.find_server())  # the port is closed: is a server for it booting?
         out += self.feed(scrape)

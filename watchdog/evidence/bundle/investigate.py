@@ -87,7 +87,7 @@ class Investigator:
 
     def page_work(self, engine: str) -> PageWork | None:
         """The page's running/waiting for ``engine`` (the one engine when unnamed); None if it cannot be read."""
-        page = self.reading()
+        page = self.reading() or (self._read_page() if self.reading != self._read_page else None)
         if page is None:
             return None
         engines = page.engines

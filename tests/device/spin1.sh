@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 19's device run: one rank (VLLM::Worker_TP0, one-rank NCCL group, Flight Recorder on) does real work, then
 # spins a kernel on its own GPU and waits on it, watched by the real `watchdog run`. Runs on the device machine
-# (kind nvidia-h200) from the repo root; needs .whl/ with py-spy, setproctitle, tenacity (device/README.md).
+# (kind nvidia-h200) from the repo root; needs .whl/ with py-spy, setproctitle, tenacity (tests/device/README.md).
 # Everything comes back as one tar under $OUT.
 set -u
 OUT=${OUT:-/tmp/spin1-out}
@@ -14,7 +14,7 @@ python3 -c 'from systemd import daemon' 2>/dev/null || { mkdir -p /tmp/site/syst
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 W=/tmp/spin1-run && rm -rf $W && mkdir -p $W
 { date -u; nvidia-smi; python3 -c 'import torch, pynvml; print(torch.__version__, torch.cuda.nccl.version(), torch.cuda.device_count(), pynvml.__file__)'; /tmp/site/bin/py-spy --version; } >$W/env.txt 2>&1
-timeout -k 10 300 python3 device/tp2_run.py --out $W --pyspy /tmp/site/bin/py-spy --ranks 1 --only ${ONLY:-wedge0} 2>&1 | tee $W/run.log
+timeout -k 10 300 python3 tests/device/tp2_run.py --out $W --pyspy /tmp/site/bin/py-spy --ranks 1 --only ${ONLY:-wedge0} 2>&1 | tee $W/run.log
 find $W -type p -delete
 tar czf "$OUT"/spin1-run.tar.gz -C /tmp spin1-run
 ls -la "$OUT"

@@ -1,7 +1,7 @@
-# ruff: noqa: PLC0415, S310, SIM105 - a device driver: lazy imports, http:// on loopback only, best-effort ends
+# ruff: noqa: SIM105 - a device driver: best-effort ends
 """Record the real vLLM CUDA engine (TP=1, CUDA graphs on) watched by the real `watchdog run`, for CI's fixtures.
 
-    python3 device/vllm_record.py --out DIR --model MODEL [--only boot,idle,load,stop,spin,crash] [--budget S]
+    python3 tests/device/vllm_record.py --out DIR --model MODEL [--only boot,idle,load,stop,spin,crash] [--budget S]
 
 One engine serves every scenario, in this order (the crash ends it):
 
@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 INJECT = REPO / "tests" / "harness" / "inject"
 PORT = 8000
 URL = f"http://127.0.0.1:{PORT}"

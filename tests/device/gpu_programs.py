@@ -1,7 +1,6 @@
-# ruff: noqa: PLC0415 - torch is imported only by the programs that use it
-"""Small real GPU programs for the watchdog's device runs (see device/README.md). Each ends itself.
+"""Small real GPU programs for the watchdog's device runs (see tests/device/README.md). Each ends itself.
 
-    python3 device/gpu_programs.py SCENARIO --dir DIR [--seconds N]
+    python3 tests/device/gpu_programs.py SCENARIO --dir DIR [--seconds N]
 
 Scenarios: idle, matmul, gemv, spin, spin_wide, nccl (torch.distributed, one rank, Flight Recorder on),
 nccl_bypass (NCCL called directly through ctypes, as vLLM's PyNccl does; the Flight Recorder cannot see it).

@@ -1,7 +1,6 @@
-# ruff: noqa: PLC0415 - torch/cupy are imported only by the ranks that use them; the server binds loopback
 """A two-GPU tensor-parallel "engine" that looks like vLLM to the watchdog, and can be wedged (issue 10).
 
-    python3 device/tp2_engine.py serve --dir DIR --port PORT [--ranks N] [--seconds N] [--fake]
+    python3 tests/device/tp2_engine.py serve --dir DIR --port PORT [--ranks N] [--seconds N] [--fake]
 
 ``serve`` is the API-server-like parent (titled ``VLLM::APIServer``): it listens on PORT and serves a vLLM-style
 ``/metrics`` page (engine="0", running 1, waiting 0, ``vllm:generation_tokens_total`` = the ranks' common step

@@ -1,7 +1,7 @@
-# ruff: noqa: SIM105, PLC0415, S607 - a driver: best-effort ends of its own process groups, lazy watchdog import, nvidia-smi from PATH
-"""Drive issue 10's device run: the two-GPU TP "engine" (device/tp2_engine.py) watched by the real `watchdog run`.
+# ruff: noqa: SIM105 - a driver: best-effort ends of its own process groups
+"""Drive issue 10's device run: the two-GPU TP "engine" (tests/device/tp2_engine.py) watched by the real `watchdog run`.
 
-    python3 device/tp2_run.py --out DIR [--only healthy,wedge1,wedge0] [--ranks N] [--fake]
+    python3 tests/device/tp2_run.py --out DIR [--only healthy,wedge1,wedge0] [--ranks N] [--fake]
 
 Per scenario: start the engine (own process group), wait for its page to count steps, start `watchdog run` (own
 process group) with fast thresholds and GPU evidence on, watch it healthy for a while; for ``wedgeN`` make rank N
@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 CONFIG = """
@@ -101,7 +101,8 @@ def scenario(name: str, root: Path, port: int, fake: bool, pyspy: str, ranks: in
     state.mkdir(exist_ok=True)
     (d / "watchdog.toml").write_text(CONFIG.format(port=port, state=state))
     meta: dict[str, object] = {"scenario": name, "port": port, "ranks": ranks}
-    engine = subprocess.Popen([sys.executable, str(REPO / "device/tp2_engine.py"), "serve", "--dir", str(d / "engine"),
+    engine = subprocess.Popen([sys.executable, str(REPO / "tests/device/tp2_engine.py"), "serve",
+                               "--dir", str(d / "engine"),
                                "--port", str(port), "--seconds", "240", "--ranks", str(ranks),
                                *(["--fake"] if fake else [])],
                               stdout=open(d / "engine.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115

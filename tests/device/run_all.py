@@ -1,6 +1,6 @@
-"""Drive the device run: each program in device/gpu_programs.py, observed with the watchdog's own readers.
+"""Drive the device run: each program in tests/device/gpu_programs.py, observed with the watchdog's own readers.
 
-    python3 device/run_all.py --out DIR --pyspy PATH
+    python3 tests/device/run_all.py --out DIR --pyspy PATH
 
 For every scenario: NVML samples through watchdog.evidence.gpu.nvml.NvmlSource (0.5 s apart), py-spy dumps
 (plain JSON, --native JSON, --native text) through watchdog.evidence.collect.capture.Capturer; for the NCCL ones also
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from watchdog.evidence.collect.capture import Capturer
 from watchdog.evidence.gpu.fr_trigger import config_of, trigger
