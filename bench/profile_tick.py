@@ -57,11 +57,9 @@ def start_server(chunked: bool) -> tuple[subprocess.Popen[bytes], str]:
 @contextlib.contextmanager
 def in_process_daemon(url: str) -> Iterator[tuple[Any, Any]]:
     """The daemon with its act stage and trace, in this process, on a watcher already past starting."""
-    from watchdog.act.assemble import Act
     from watchdog.config.load import load
+    from watchdog.service.compose import Hooks, compose
     from watchdog.service.daemon import Daemon
-    from watchdog.service.trace import TraceWriter
-    from watchdog.service.watcher import build_watcher
 
     with tempfile.TemporaryDirectory(prefix="profile-tick-") as tmp:
         cfg_path = Path(tmp) / "w.toml"
@@ -69,14 +67,16 @@ def in_process_daemon(url: str) -> Iterator[tuple[Any, Any]]:
                             "[gpu]\nenabled = false\n")
         cfg = load(cfg_path)
         d = Daemon(cfg, Path(tmp))
-        d._trace = TraceWriter(Path(tmp) / "trace.jsonl", cfg.state.trace_max_bytes, {"url": url})
-        d.act = Act(cfg, Path(tmp), d._act_event, d.http, {})
-        watcher = build_watcher(cfg, d.http, [d._count, d._write_trace])
+        d.parts = compose(cfg, Path(tmp), d.http, Hooks(d._count, d._write_trace, d._act_event, d._bundle),
+                          d.clock, once=False)  # the parts `watchdog run` builds, capture included
+        watcher = d.parts.watcher
+        assert watcher is not None
         for _ in range(50):  # warm up: past starting
             d.one_pass(watcher)
         try:
             yield d, watcher
         finally:
+            d.parts.close()
             d.http.close()
 
 

@@ -12,6 +12,7 @@ import pytest
 from watchdog.cli import evidence as evidence_cli
 from watchdog.config.load import Config, load
 from watchdog.config.nodes import NodeSection
+from watchdog.service import compose as compose_module
 from watchdog.service import daemon as daemon_module
 
 NODE = '[[nodes]]\nname = "worker1"\nhost = "10.0.0.2"\nidentity_file = "/k"\nknown_hosts_file = "/kh"\n'
@@ -79,10 +80,14 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
 
 def test_the_daemon_shares_one_link_per_node_and_closes_it(cfg: Config, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    def node_runners(links: dict[str, object]) -> dict[str, object]:
+        Given.links.append(links)
+        return {}
+
     for name, fake in (("RemoteEvidence", Given), ("Investigator", FakeInvestigator), ("EvidenceRunner", Given),
-                       ("NodeWatch", Given), ("Act", Given), ("open_links", Links.open),
+                       ("NodeWatch", Given), ("node_runners", node_runners), ("open_links", Links.open),
                        ("close_links", Links.close)):
-        monkeypatch.setattr(daemon_module, name, fake)
+        monkeypatch.setattr(compose_module, name, fake)
 
     def broken(self: object, watcher: object) -> None:
         raise RuntimeError("the loop broke")
@@ -92,7 +97,7 @@ def test_the_daemon_shares_one_link_per_node_and_closes_it(cfg: Config, tmp_path
     with pytest.raises(RuntimeError, match="the loop broke"):
         d.run()
     assert len(Links.opened) == len(Links.closed) == 1 and Links.closed[0] is Links.opened[0]
-    # the act stage (restart), the evidence (capture) and the liveness watch: each handed the same links
+    # the act stage (restart's runners), the evidence (capture) and the liveness watch: each handed the same links
     assert len(Given.links) == 3 and all(x is Links.opened[0] for x in Given.links)
 
 

@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 
 from tests.fakes import FAST, fake_engine, wait_for
-from watchdog.act.assemble import Act
 from watchdog.config.load import load
 from watchdog.core.types import State
 from watchdog.service import daemon as daemon_module
+from watchdog.service.compose import Hooks, compose
 from watchdog.service.daemon import Daemon
-from watchdog.service.watcher import build_watcher
 
 
 class Report:
@@ -38,8 +37,10 @@ def test_timeouts_are_read_at_start_and_when_the_engine_comes_back(tmp_path: Pat
         cfg_path.write_text(f'{FAST}[engine]\nurl = "{url}"\n[state]\ndir = "{tmp_path}"\n[gpu]\nenabled = false\n')
         cfg = load(cfg_path)
         d = Daemon(cfg, tmp_path)
-        d.act = Act(cfg, tmp_path, d._act_event, d.http, {})
-        watcher = build_watcher(cfg, d.http, [d._count])
+        d.parts = compose(cfg, tmp_path, d.http, Hooks(d._count, d._write_trace, d._act_event, d._bundle), d.clock,
+                          once=False)
+        assert d.parts.watcher is not None
+        watcher = d.parts.watcher
         try:
             def states() -> list[State]:
                 d.one_pass(watcher)
@@ -56,5 +57,5 @@ def test_timeouts_are_read_at_start_and_when_the_engine_comes_back(tmp_path: Pat
             wait_for(lambda: states() == [State.IDLE], 20, "the new incarnation proven")
             assert len(reads) == 3
         finally:
-            d.act.close()
+            d.parts.close()
             d.http.close()

@@ -24,7 +24,7 @@ from tests.unit.test_act_daemon import Daemon, config, freeze
 from watchdog.config.load import Config
 from watchdog.core.types import EngineReading, PageReading, Scrape, State
 from watchdog.judge.judge import Judge
-from watchdog.service import daemon as daemon_module
+from watchdog.service.compose import Clock
 from watchdog.service.daemon import Daemon as WatchdogDaemon
 from watchdog.service.watcher import Watcher
 
@@ -45,35 +45,60 @@ class FlakyFetcher:
         return Scrape(float(self.n), 1.7e9 + self.n, page)
 
 
-class RecordingAct:
+class RecordingResponder:
+    """The act stage's responder stood in for: counts its steps."""
+
     def __init__(self) -> None:
-        self.faults: list[tuple[str, str]] = []
         self.steps = 0
-        self.incident_open = False
-        self.settled = True
-        self.page_read: list[bool] = []
+        self.memory = SimpleNamespace(incident=None)
 
-    def fault(self, stage: str, error: str, where: str, started: float) -> None:
-        self.faults.append((stage, error))
+    def sight(self, local: Any, views: Any, mono: float) -> None:
+        pass
 
-    def step(self, verdicts: list[Any], mono: float, page_read: bool = True, local: Any = None,
-             views: Any = ()) -> dict[str, Any]:
+    def step(self, verdicts: list[Any], mono: float) -> None:
         self.steps += 1
-        self.page_read.append(page_read)
+
+    def status(self, now: float) -> dict[str, Any]:
         return {"incident": None, "paused": False, "budget_left": 3, "recovery": None, "gave_up": None}
+
+    def blind_status(self) -> list[dict[str, Any]]:
+        return []
+
+
+class RecordingAlerts:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def submit(self, alert: Any) -> None:
+        self.sent.append(alert)
+
+
+class RecordingHeartbeat:
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    def beat(self, now: float, observed: bool) -> bool:
+        self.seen.append(observed)
+        return observed
+
+
+def act_stage(d: WatchdogDaemon) -> tuple[RecordingResponder, RecordingAlerts, RecordingHeartbeat]:
+    parts = (RecordingResponder(), RecordingAlerts(), RecordingHeartbeat())
+    d.parts.responder, d.parts.alerts, d.parts.heartbeat = parts  # type: ignore[assignment]
+    return parts
 
 
 def test_an_exception_in_one_stage_is_counted_alerted_once_and_the_loop_goes_on(tmp_path: Path) -> None:
     d = WatchdogDaemon(Config(), tmp_path)
-    act = RecordingAct()
-    d.act = act  # type: ignore[assignment]
+    responder, alerts, _ = act_stage(d)
     clock = iter(range(1, 100))
     watcher = Watcher(FlakyFetcher(fail={2, 3}), Judge(), clock=lambda: float(next(clock)))
     for _ in range(5):
         d.one_pass(watcher)
-    assert act.steps == 5  # the act stage ran in every pass, also those whose scrape raised
+    assert responder.steps == 5  # the act stage ran in every pass, also those whose scrape raised
     assert d.exporter.pass_errors.labels("scrape")._value.get() == 2
-    assert act.faults == [("scrape", "ValueError: a bug in the scrape stage")]  # alerted once
+    assert [(a.event, a.details["stage"], a.details["error"]) for a in alerts.sent] == [
+        ("watchdog_fault", "scrape", "ValueError: a bug in the scrape stage")]  # alerted once
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["stage"] for e in events if e["event"] == "watchdog_fault"] == ["scrape", "scrape"]
     assert watcher.judge.verdicts()[0].state in (State.STARTING, State.IDLE)  # judged again after the faults
@@ -94,36 +119,29 @@ class ScriptedFetcher:
         return Scrape(float(self.n), 1.7e9 + self.n, page)
 
 
-def test_calm_passes_run_the_act_stage_every_few_seconds_and_trouble_at_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While every engine is idle or working and nothing is open, running or reserved, a pass has nothing to act
-    on: the act stage runs every RESPOND_CALM_EVERY seconds (the control file, the heartbeat and status.json keep
-    their cadence); a pass that is not calm, or an act stage with something open, runs it on every pass."""
+def test_every_pass_runs_the_act_stage_and_the_heartbeat_beats_only_for_a_pass_that_read_the_page(
+        tmp_path: Path) -> None:
+    """The act stage runs on every pass, calm or not (the incident machine, the control file, status.json); the
+    dead-man heartbeat is told a pass saw the engine only when its page was read and no verdict is blind."""
     now = [100.0]
-    monkeypatch.setattr(daemon_module, "time", SimpleNamespace(monotonic=lambda: now[0], time=time.time))
-    d = WatchdogDaemon(Config(), tmp_path)
-    act = RecordingAct()
-    d.act = act  # type: ignore[assignment]
+    d = WatchdogDaemon(Config(), tmp_path, clock=Clock(lambda: now[0], time.time))
+    responder, _, heartbeat = act_stage(d)
     fetcher = ScriptedFetcher()
     watcher = Watcher(fetcher, Judge(), clock=lambda: now[0])
 
-    def passes(n: int, step: float = 1.0) -> int:
-        before = act.steps
+    def passes(n: int) -> int:
+        before = responder.steps
         for _ in range(n):
-            now[0] += step
+            now[0] += 1.0
             d.one_pass(watcher)
-        return act.steps - before
+        return responder.steps - before
 
-    assert passes(3) == 3  # starting, then idle (a transition), then the first calm pass
-    assert passes(4) == 0  # calm: 4 s since the act stage last ran
-    assert passes(1) == 1  # 5 s: its turn
-    act.settled = False  # something open or reserved there: every pass
-    assert passes(3) == 3
-    act.settled = True
-    assert passes(2) == 1
-    fetcher.fail_kind = "trickle"  # blind: not calm, at once
+    assert passes(3) == 3  # starting, then idle (a transition), then a calm pass
+    assert passes(6) == 6  # calm: still every pass
+    assert heartbeat.seen[-1] is True
+    fetcher.fail_kind = "trickle"  # the page not read: blind
     assert passes(2) == 2
-    assert act.page_read[-3:] == [True, False, False]  # the heartbeat's word: this pass did not read the page
+    assert heartbeat.seen[-3:] == [True, False, False]  # the heartbeat's word: these passes did not read the page
     d.events.close()
 
 

@@ -73,14 +73,14 @@ def test_the_daemon_exports_and_traces_gpu_samples_and_replay_skips_them(tmp_pat
 
     rounds = two_rank_hang()
     d = Daemon(Config(), tmp_path)
-    d._trace = TraceWriter(tmp_path / "trace.jsonl")
-    d._trace.write(Scrape(1.0, 2.0, None, "refused", "nothing listening"))
-    d.gpu = GpuMonitor(FakeGpuSource(rounds), keep_seconds=1e12, clock=lambda: rounds[-1][0].t)
+    d.parts.trace = trace = TraceWriter(tmp_path / "trace.jsonl")
+    trace.write(Scrape(1.0, 2.0, None, "refused", "nothing listening"))
+    d.parts.gpu = gpu = GpuMonitor(FakeGpuSource(rounds), keep_seconds=1e12, clock=lambda: rounds[-1][0].t)
     for _ in rounds[:3]:
-        d.gpu.tick()
+        gpu.tick()
     d._gpu_samples()
     d._gpu_samples()  # nothing new: nothing written twice
-    d._trace.close()
+    trace.close()
     lines = [json.loads(x) for x in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert [x["kind"] for x in lines].count("gpu") == sum(len(r) for r in rounds[:3])
     assert [type(o).__name__ for o in read_trace(tmp_path / "trace.jsonl")] == ["Scrape"]

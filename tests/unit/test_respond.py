@@ -11,8 +11,8 @@ import pytest
 from tests.facts import says
 from watchdog.act.alerts import Alert
 from watchdog.act.incident_types import Incident, Kind, Memory, Phase, RecoveryJob
-from watchdog.act.recovery import Progress, RecoveryDone
 from watchdog.act.respond import CONTROL_CALM_EVERY, Responder
+from watchdog.act.restart import Progress, RecoveryDone
 from watchdog.act.state import Control, save_control, save_memory
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import Config, load

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_respond import Harness, config
-from watchdog.act.recovery import Progress, RecoveryDone
-from watchdog.act.restart import Restarter, RestartOutcome, ShmReport
+from watchdog.act.restart import Progress, RecoveryDone, Restarter, RestartOutcome, ShmReport
 from watchdog.act.shm_sweep import LocalShm, NodeShm
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import ConfigError, load
@@ -334,28 +333,35 @@ def test_a_node_not_seen_makes_a_frozen_engine_blind_too_never_an_incident() -> 
 
 
 def test_the_act_stage_plans_each_node_hook_and_checks_shm_on_every_node(tmp_path: Path) -> None:
-    from watchdog.act.assemble import Act
     from watchdog.act.shm_sweep import LocalShm, NodeShm
-    from watchdog.nodes.transport import close_links, open_links
+    from watchdog.scrape.engine_http import EngineHTTP
+    from watchdog.service.compose import Clock, Hooks, compose
 
     p = tmp_path / "w.toml"
     p.write_text('[restart]\npre_start = ["/bin/h"]\n'
                  '[[restart.steps]]\nkind = "command"\naction = "stop"\nargv = ["/stop"]\nnode = "w1"\n'
                  '[[restart.steps]]\nkind = "command"\naction = "start"\nargv = ["/start"]\nnode = "w1"\n'
                  '[[nodes]]\nname = "w1"\nhost = "10.0.0.2"\nidentity_file = "/k"\nknown_hosts_file = "/h"\n'
-                 'pre_start = ["/bin/w"]\nremove_shm = true\n')
+                 'pre_start = ["/bin/w"]\nremove_shm = true\n[gpu]\nenabled = false\n[capture]\nenabled = false\n')
     cfg = load(str(p))
-    links = open_links(cfg.nodes)
-    act = Act(cfg, tmp_path, lambda _e: None, None, links)  # type: ignore[arg-type]  # no generation here
+    http = EngineHTTP(cfg.engine.url)
+
+    def nothing(*_a: object) -> None:
+        return None
+
+    parts = compose(cfg, tmp_path, http, Hooks(nothing, nothing, nothing, nothing), Clock(), once=False)
     try:
-        assert [line.split(" (")[0] for line in act.responder.plan] == [
+        assert parts.responder is not None and parts.recovery is not None
+        assert [line.split(" (")[0] for line in parts.responder.plan] == [
             "command /stop", "pre-start hook", "pre-start hook on node w1", "command /start"]
-        assert act.restarter is not None
-        sweepers = act.restarter.sweepers
+        restarter = parts.recovery.restarter
+        assert restarter is not None
+        sweepers = restarter.sweepers
         assert list(sweepers) == ["local", "w1"] and isinstance(sweepers["local"], LocalShm)
         assert isinstance(sweepers["w1"], NodeShm) and sweepers["w1"].remove and not sweepers["local"].remove
-        # the restart's commands and its sweep run over the node's one shared link
-        assert sweepers["w1"].link is links["w1"] and act.restarter.runners["w1"].link is links["w1"]
+        # the restart's commands and its sweep run over the node's one shared link, the one the parts own
+        links = parts.links
+        assert sweepers["w1"].link is links["w1"] and restarter.runners["w1"].link is links["w1"]
     finally:
-        act.close()
-        close_links(links)
+        parts.close()
+        http.close()

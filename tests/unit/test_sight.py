@@ -15,8 +15,8 @@ from prometheus_client import generate_latest
 from tests.facts import says
 from watchdog.act.alerts import Alert
 from watchdog.act.incident_types import RecoveryJob
-from watchdog.act.recovery import Progress, RecoveryDone
 from watchdog.act.respond import Responder
+from watchdog.act.restart import Progress, RecoveryDone
 from watchdog.act.state import Control, load_memory, save_control
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.load import Config, ConfigError, load
@@ -48,7 +48,7 @@ class FakeRecovery:
 
 
 class Stack:
-    """One responder and its sight, stepped as the act stage steps them (`watchdog.act.assemble.Act.step`)."""
+    """One responder and its sight, stepped as the act stage steps them (`watchdog.service.daemon.Daemon._respond`)."""
 
     def __init__(self, tmp: Path, cfg: Config, mono: float = 1000.0, wall: float = T0) -> None:
         self.tmp, self.cfg = tmp, cfg

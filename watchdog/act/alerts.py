@@ -31,9 +31,10 @@ from watchdog.act.alert_sinks import (
     verify_signature,
 )
 from watchdog.config.load import Config
+from watchdog.core.types import base_url, incident_id
 
 __all__ = ["EVENTS", "Alert", "AlertSender", "AlertmanagerSink", "Dispatcher", "RetryPolicy", "SlackSink",
-           "WebhookSink", "build_dispatcher", "describe_error", "verify_signature"]
+           "WebhookSink", "build_dispatcher", "describe_error", "fault_alert", "verify_signature"]
 
 log = logging.getLogger(__name__)
 
@@ -244,3 +245,12 @@ def build_dispatcher(cfg: Config) -> Dispatcher | None:
     if not sinks:
         return None
     return Dispatcher(sinks, RetryPolicy(attempts=cfg.alerts.attempts, total=cfg.alerts.retry_for))
+
+
+def fault_alert(cfg: Config, stage: str, error: str, where: str, started: float) -> Alert:
+    """The watchdog's own fault in one stage of its pass: one alert per stage and watchdog life (``started``, the
+    life's start, makes the id the same all that life)."""
+    fid = incident_id(started, cfg.engine.name, "-", f"fault-{stage}", "0")
+    return Alert("watchdog_fault", fid, "-", cfg.engine.name, base_url(cfg.engine.url), "watchdog_fault",
+                 f"the watchdog's {stage} stage failed: {error}", {"stage": stage, "error": error,
+                                                                  "where": where[-2000:]})

@@ -41,8 +41,7 @@ from watchdog.act.incident_types import (
     StepsDone,
     Tick,
 )
-from watchdog.act.recovery import Recoverer, RecoveryDone
-from watchdog.act.restart import RestartOutcome
+from watchdog.act.restart import Recoverer, RecoveryDone, RestartOutcome
 from watchdog.act.state import Control, ControlFile, load_memory, save_memory
 from watchdog.config.load import Config
 from watchdog.core.runbooks import runbook_link

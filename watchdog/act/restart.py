@@ -1,28 +1,25 @@
-"""Act: run the configured restart steps in order, each command with what is left of its step's timeout.
+"""The restart and its proof: run the configured restart steps in order (`Restarter`), then prove the engine is
+back with a real generation (`RecoveryRunner`, in the background while the watcher goes on scraping).
 
-The commands and their order come from `watchdog.config.restart_plan` (pure; its docstring has the rules).
+The commands and their order come from `watchdog.config.restart_plan` (pure; its docstring has the rules). A step's
+timeout covers all its commands: each gets the time left in the step when it starts. ``Restarter.run`` stops at the
+first failed command, a failed stop included: starting over a half-stopped stack is worse than leaving it to a
+human. One exception: before a transient unit's start, systemctl's "not loaded" (exit 5) from its stop means nothing
+runs as it (the record's ``note`` says so), and the start goes on. The cancel event is checked between commands,
+never mid-command. A command on this host runs through `watchdog.host.run` (its own session, its whole process group
+ended on timeout); on another node, through that node's agent.
 
-The /dev/shm check (`Restarter` with ``sweepers``, one per node, local too), where `restart_plan.shm_check_at`
-puts it: after the last stop step and before the first starting command, or after the last step when nothing
-starts; not at all when the first command already starts (it says so). Every node reports the stale shared-memory
-segments a dead engine left in /dev/shm (``psm_*``, ``sem.mp-*`` no process has open or mapped) and removes them
-where configured (``restart.remove_shm`` for the head, the node's ``remove_shm`` there, which its agent's own
-``remove_shm`` must allow). What was found and removed (names and bytes) is in ``RestartOutcome.shm`` and the step
-records; a check that fails is reported there and never fails the restart.
+The /dev/shm check (``sweepers``, one per node) runs where `restart_plan.shm_check_at` puts it: after the last stop
+step and before the first starting command. Each node reports the stale segments a dead engine left (``psm_*``,
+``sem.mp-*`` no process has open or mapped) and removes them where configured; a check that fails is reported in
+the step records and never fails the restart.
 
-A step's timeout covers all its commands: each gets the time left in the step when it starts. ``Restarter.run``
-stops at the first failed command, a failed stop included: starting over a half-stopped stack is worse than
-leaving it to a human. One exception: before a transient unit's start (``transient_unit``), systemctl's "not
-loaded" (exit 5) from its stop means nothing runs as it (the record's ``note`` says so), and the start goes on.
-The cancel event is checked between commands, never mid-command. A command on this host runs through
-`watchdog.host.run` (``LocalRunner``: its own session, its whole process group ended on timeout).
+A failed command's error ends with what it printed last (docker's own stderr). A docker stop or restart gets
+``--time`` N; when it took N s or more, docker's own events tell whether it had to kill, in the record's ``killed``.
 
-A failed command's error ends with what it printed last (docker's own stderr: "Error response from daemon: No such
-container: vllm", "Cannot connect to the Docker daemon at ..."), in the step record and so in ``restart_failed``.
-A docker stop or restart is given ``--time`` N (`restart_plan.docker_stop_time`): docker sends SIGTERM, waits N s,
-then SIGKILLs the container. When the command took N s or more, docker's own events (``docker events ... event=kill``
-on this host) tell whether it had to kill; the step record then has ``killed`` ("not stopped within N s of SIGTERM:
-docker killed it (SIGKILL)"), logged as a warning; the step itself succeeded.
+The engine counts as back only when a ``max_tokens=1`` completion succeeds, tried every ``retry`` seconds until the
+boot timeout (large checkpoints take tens of minutes); progress is logged every half minute and kept in
+``progress`` for the status file and metrics.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from watchdog.act.incident_types import RecoveryJob
 from watchdog.config.act import RestartSection
 from watchdog.config.nodes import NodeSection
 from watchdog.config.restart_plan import (
@@ -197,3 +195,121 @@ class Restarter:
         if self.check_at == len(self.commands):
             shm = self._check_shm(records)
         return outcome(True)
+
+
+# (ok, answered, detail) of one max_tokens=1 generation
+Generate = Callable[[], tuple[bool, bool, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryDone:
+    job: RecoveryJob
+    ok: bool
+    stage: str  # "steps" (a restart step failed) or "ready" (serving, or not by the deadline)
+    detail: str
+    ready_at: float | None = None  # wall time of the first successful generation
+    steps_duration: float = 0.0
+    outcome: RestartOutcome | None = None  # what the restart steps did (None: no restart was run)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    phase: str  # restarting | proving
+    since: float  # wall
+    last_try: str = ""
+    tries: int = 0
+    outcome: RestartOutcome | None = None  # the restart steps' outcome, once they are done
+
+
+class Recoverer(Protocol):
+    """What the responder needs of a recovery runner (`RecoveryRunner`, or a test's fake)."""
+
+    @property
+    def busy(self) -> bool: ...
+    progress: Progress | None
+    def start(self, job: RecoveryJob) -> None: ...
+    def poll(self) -> RecoveryDone | None: ...
+
+
+class RecoveryRunner:
+    """Restart (``restarter``; None: no steps configured, a job that asks for a restart fails), then prove."""
+
+    def __init__(self, restarter: Restarter | None, generate: Generate, retry: float,
+                 wall: Callable[[], float] = time.time, log_every: float = 30.0) -> None:
+        self.restarter, self._generate, self._retry = restarter, generate, retry
+        self._wall, self._log_every = wall, log_every
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._done: RecoveryDone | None = None
+        self._thread: threading.Thread | None = None
+        self.progress: Progress | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, job: RecoveryJob) -> None:
+        if self.busy:
+            raise RuntimeError("a recovery is already running")
+        self._done = None
+        self._thread = threading.Thread(target=self._run, args=(job,), name=f"recovery-{job.incident}", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> RecoveryDone | None:
+        with self._lock:
+            done, self._done = self._done, None
+            return done
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop waiting (a running restart command is ended by its own timeout or the cancel between steps)."""
+        self._cancel.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _finish(self, done: RecoveryDone) -> None:
+        self.progress = None
+        with self._lock:
+            self._done = done
+
+    def _run(self, job: RecoveryJob) -> None:
+        try:
+            self._finish(self._recover(job))
+        except Exception as e:  # the recovery must never take the watcher down
+            log.exception("recovery of incident %s failed", job.incident)
+            self._finish(RecoveryDone(job, False, "steps", f"{type(e).__name__}: {e}"))
+
+    def _recover(self, job: RecoveryJob) -> RecoveryDone:
+        steps_took, outcome = 0.0, None
+        if job.restart:
+            self.progress = Progress("restarting", self._wall())
+            if self.restarter is None:
+                raise RuntimeError("no restart steps configured")
+            outcome = self.restarter.run(self._cancel)
+            steps_took = outcome.duration
+            if not outcome.ok:
+                last = outcome.results[-1] if outcome.results else None
+                why = f"{outcome.failed}: {last.error}" if last is not None else outcome.failed
+                return RecoveryDone(job, False, "steps", why, steps_duration=steps_took, outcome=outcome)
+        started = self._wall()
+        self.progress = Progress("proving", started, outcome=outcome)
+        next_log, tries = started + self._log_every, 0
+        # not tenacity, though it retries one call: each try also updates `progress` and the periodic log, and a cancel
+        # must end the wait with no further try, which a Retrying says only through three callbacks
+        while not self._cancel.is_set():
+            ok, _answered, detail = self._generate()
+            tries += 1
+            now = self._wall()
+            self.progress = Progress("proving", started, detail, tries, outcome)
+            if ok:
+                log.info("incident %s: the engine serves again (%s) after %.0fs", job.incident, detail, now - started)
+                return RecoveryDone(job, True, "ready", detail, now, steps_took, outcome)
+            if now >= job.deadline:
+                return RecoveryDone(job, False, "ready", f"not serving by the boot timeout; last try: {detail}",
+                                    steps_duration=steps_took, outcome=outcome)
+            if now >= next_log:
+                log.info("incident %s: waiting for the engine to serve: %.0fs so far, %.0fs left; last try: %s",
+                         job.incident, now - started, job.deadline - now, detail)
+                next_log = now + self._log_every
+            self._cancel.wait(min(self._retry, max(0.0, job.deadline - now)))
+        return RecoveryDone(job, False, "ready", "stopped while waiting for the engine", steps_duration=steps_took,
+                            outcome=outcome)

@@ -89,11 +89,11 @@ class Watcher:
         return self.judge.observe(obs)
 
 
-def build_watcher(cfg: Config, http: EngineHTTP | None = None, sinks: list[ObservationSink] | None = None) -> Watcher:
+def build_watcher(cfg: Config, http: EngineHTTP | None = None, sinks: list[ObservationSink] | None = None,
+                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> Watcher:
     """The real watcher for a config, on the engine's one HTTP session (made here when not given)."""
     http = http or EngineHTTP(cfg.engine.url, cfg.scrape.limits(), cfg.api_key().reveal())
-    prober = Prober(http, cfg.probe.timeout, cfg.probe.model) if cfg.probe.enabled else None
-    clock = time.monotonic
+    prober = Prober(http, cfg.probe.timeout, cfg.probe.model, clock) if cfg.probe.enabled else None
 
     def find_server() -> ServerProcess:
         tree = server_for_url(cfg.engine.url, cfg.capture.docker_container)
@@ -101,4 +101,5 @@ def build_watcher(cfg: Config, http: EngineHTTP | None = None, sinks: list[Obser
             return ServerProcess(clock(), None)
         return ServerProcess(clock(), tree.pid, tree.started, tree.titles)
 
-    return Watcher(MetricsFetcher(http), Judge(cfg.thresholds()), prober, sinks, find_server, clock=clock)
+    fetcher = MetricsFetcher(http, clock=clock, wall=wall)
+    return Watcher(fetcher, Judge(cfg.thresholds()), prober, sinks, find_server, clock=clock, wall=wall)
