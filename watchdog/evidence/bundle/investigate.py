@@ -65,6 +65,7 @@ class Investigator:
                  reading: Callable[[], PageReading | None] | None = None) -> None:
         self.cfg, self.http, self.gpu = cfg, http, gpu
         self.reading = reading or self._read_page
+        self._given_reading = reading is not None  # the judge's page: read here only when it has none yet
         c = cfg.capture
         self.base = http.base
         self.finder = finder or (lambda: discover(self.base, c.process_prefix, c.title_filter,
@@ -87,7 +88,7 @@ class Investigator:
 
     def page_work(self, engine: str) -> PageWork | None:
         """The page's running/waiting for ``engine`` (the one engine when unnamed); None if it cannot be read."""
-        page = self.reading() or (self._read_page() if self.reading != self._read_page else None)
+        page = self.reading() or (self._read_page() if self._given_reading else None)
         if page is None:
             return None
         engines = page.engines
