@@ -104,6 +104,21 @@ class WatchdogProcess:
         raise AssertionError(f"no {name} event in {timeout}s: {[e['event'] for e in self.events()]}\n"
                              f"{self.log_tail(60)}")
 
+    @property
+    def pid(self) -> int:
+        assert self._popen is not None, "not started"
+        return self._popen.pid
+
+    def alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL (a crash, the OOM killer), reaped; the state directory stays as the killed process left it."""
+        p = self._popen
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
     def log_tail(self, n: int = 30) -> str:
         if not self.log_path.exists():
             return ""
