@@ -3,9 +3,8 @@ got: plain functions of data, each returning the problems it found (an empty lis
 
 - `incident_problems`: each incident opened once, closed at most once, nothing said of it after it closed, never a
   second restart while one runs (a new restart only after the last one failed);
-- `alert_problems`: every alert the ledger says was delivered reached the receiver, none reached it that the ledger
-  does not hold, none twice unless the ledger shows it queued again by a watchdog that was killed before it could
-  write the outcome (a receiver dedupes those by their ``id``), and in order per incident;
+- `alert_problems`: every alert reached the receiver at most once, in its incident's order, and an incident that
+  opened and closed while the receiver was up and the watchdog alive had its opening and its resolution delivered;
 - `state_problems`: ``status.json`` and ``recovery.json`` parse and agree with each other and with the event log;
 - `disk_problems`: the state directory within its configured bounds.
 """
@@ -50,16 +49,22 @@ def generations(state_dir: Path, name: str) -> list[Path]:
     return [state_dir / f"{name}.1", state_dir / name]
 
 
-def incident_problems(events: list[dict[str, Any]]) -> list[str]:
+def incident_problems(events: list[dict[str, Any]], full: Iterable[tuple[float, float]] = ()) -> list[str]:
+    """``full``: the (from, to) wall times the state directory was full: an incident opened then may lack the events
+    that could not be written (the watchdog counts and alerts them), never have them twice."""
     problems: list[str] = []
+    first: dict[str, float] = {}
     by_incident: dict[str, list[str]] = defaultdict(list)
     for e in events:
         inc = e.get("incident")
         if isinstance(inc, str) and e.get("event") != "transition":
             by_incident[inc].append(str(e.get("event")))
+            first.setdefault(inc, _when(e))
+    windows = list(full)
     for inc, names in by_incident.items():
         counts = Counter(names)
-        if counts["incident_opened"] != 1:
+        lossy = any(a <= first[inc] <= b + 5 for a, b in windows)
+        if counts["incident_opened"] > 1 or (counts["incident_opened"] == 0 and not lossy):
             problems.append(f"incident {inc}: opened {counts['incident_opened']} times ({names})")
         closes = sum(counts[c] for c in CLOSING)
         if closes > 1:
@@ -78,57 +83,57 @@ def incident_problems(events: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def _when(e: Mapping[str, Any]) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(e.get("time")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def _key(body: Mapping[str, Any]) -> str:
-    return str(body.get("id") or f"{body.get('incident_id')}/{body.get('event')}")
+    return f"{body.get('incident_id')}/{body.get('event')}"
 
 
-def alert_problems(ledger: list[dict[str, Any]], received: list[Mapping[str, Any]], sink: str) -> list[str]:
-    """``ledger``: the records of ``alerts.jsonl`` (both generations); ``received``: the webhook bodies in arrival
-    order; ``sink``: the receiver's sink name in the watchdog's config."""
+# where each alert stands in an incident's life: what reaches a receiver must keep this order
+RANK = {"stall_detected": 0, "engine_down": 0, "blind": 0, "blind_frozen": 1, "evidence_captured": 1,
+        "restart_started": 2, "restart_failed": 3, "recovered": 4, "gave_up": 4, "resolved": 5}
+OPENING = ("stall_detected", "engine_down", "blind")
+
+
+def alert_problems(received: list[Mapping[str, Any]], events: list[dict[str, Any]],
+                   quiet: Iterable[tuple[float, float]] = ()) -> list[str]:
+    """``received``: the webhook bodies in arrival order; ``events``: the event log; ``quiet``: the (from, to) wall
+    times the receiver was down or the watchdog was killed (an alert due then may be retried late or given up on).
+    Every alert arrives at most once, in its incident's order; an incident whose life the receiver saw whole had its
+    opening and its resolution delivered."""
     problems: list[str] = []
-    mine = [r for r in ledger if r.get("sink") == sink]
-    queued = Counter(str(r.get("key")) for r in mine if r.get("record") == "queued")
-    outcome = {str(r.get("key")): str(r.get("record")) for r in mine if r.get("record") in ("delivered", "failed")}
-    ids = {str(r.get("key")): _body_id(r) for r in mine if r.get("record") == "queued"}
     got = Counter(_key(b) for b in received)
-    for key, rec in outcome.items():
-        n = got[ids.get(key, key)]
-        if rec == "delivered" and n == 0:
-            problems.append(f"alert {key}: the ledger says delivered, the receiver never got it")
-    known = set(ids.values())
-    for key, n in got.items():
-        if key not in known:
-            problems.append(f"alert {key}: received {n} times, not in the ledger")
-        elif n > 1:
-            ledger_key = next(k for k, v in ids.items() if v == key)
-            if n > queued[ledger_key]:
-                problems.append(f"alert {key}: received {n} times, queued {queued[ledger_key]} times")
-    order: dict[str, list[str]] = defaultdict(list)
-    for r in mine:
-        if r.get("record") == "queued" and outcome.get(str(r.get("key"))) == "delivered":
-            ev = str(r.get("event"))
-            if ev not in order[str(r.get("incident"))]:
-                order[str(r.get("incident"))].append(ev)
-    seen: dict[str, list[str]] = defaultdict(list)
+    problems += [f"alert {k}: received {n} times" for k, n in got.items() if n > 1]
+    per: dict[str, list[str]] = defaultdict(list)
     for b in received:
-        ev = str(b.get("event"))
-        if ev not in seen[str(b.get("incident_id"))]:
-            seen[str(b.get("incident_id"))].append(ev)
-    for inc, evs in order.items():
-        if seen.get(inc, []) != evs and set(seen.get(inc, [])) == set(evs):
-            problems.append(f"incident {inc}: alerts arrived as {seen[inc]}, queued as {evs}")
+        per[str(b.get("incident_id"))].append(str(b.get("event")))
+    for inc, evs in per.items():
+        ranks = [RANK.get(e, 9) for e in evs]
+        if ranks != sorted(ranks):
+            problems.append(f"incident {inc}: alerts arrived as {evs}")
+    windows = list(quiet)
+    life: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.get("event") in ("incident_opened", "resolved") and isinstance(e.get("incident"), str):
+            life[e["incident"]].append(_when(e))
+    for inc, (*times,) in life.items():
+        if len(times) != 2 or any(a - 5 <= t <= b + 5 for a, b in windows for t in times) or \
+                any(times[0] <= a <= times[1] for a, _b in windows):
+            continue
+        evs = per.get(inc, [])
+        if not any(e in OPENING for e in evs) or "resolved" not in evs:
+            problems.append(f"incident {inc}: opened and resolved while all was well, the receiver got {evs}")
     return problems
 
 
-def _body_id(record: Mapping[str, Any]) -> str:
-    alert = record.get("alert")
-    if isinstance(alert, Mapping) and alert.get("id"):
-        return str(alert["id"])
-    return str(record.get("id") or f"{record.get('incident')}/{record.get('event')}")
-
-
 def duplicates(received: list[Mapping[str, Any]]) -> int:
-    """Deliveries of an id the receiver already had (the at-least-once window of a killed watchdog)."""
     return sum(n - 1 for n in Counter(_key(b) for b in received).values() if n > 1)
 
 

@@ -3,13 +3,14 @@ undoes itself whatever happens. Each returns a line saying what came of it and r
 
 Faults of the engine's own making (`tests/harness/inject`): ``diverge`` (the ranks diverge at a collective) and
 ``crash`` (a request the sampler dies of). From outside: a stopped or killed rank, a killed API server. Around the
-engine: the page garbage or hung, the receiver slow or down, the state directory full, a restart that fails, and the
+engine: the receiver slow or down, the state directory full, a restart that fails, and the
 watchdog itself SIGKILLed during a capture, a restart and a proof.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -110,30 +111,6 @@ def failed_restart(s: Storm, run: FaultRun) -> str:
     return "failed once, then " + _recovered(s, run, inc)
 
 
-def _page(s: Storm, run: FaultRun, mode: str) -> str:
-    """The page unreadable past ``alerts.blind_after``: a blind incident, alerted; resolved once the page is back,
-    and never a restart."""
-    assert s.proxy is not None
-    s.proxy.set_mode(mode)
-    try:
-        blind = s.wait_event("transition", run.started, 60, to="blind")
-        inc = _opened(s, run, "blind", 60)
-    finally:
-        s.proxy.set_mode("pass")
-    s.wait_event("resolved", run.started, 60, incident=inc)
-    restarts = [e for e in s.events() if e.get("event") == "restart_started" and _t(e) >= run.started]
-    assert not restarts, f"a page that cannot be read restarted the engine: {restarts}"
-    return f"blind after {_t(blind) - run.started:.0f}s ({blind.get('reason')}), {inc} resolved, no restart"
-
-
-def garbage_page(s: Storm, run: FaultRun) -> str:
-    return _page(s, run, "garbage")
-
-
-def hung_page(s: Storm, run: FaultRun) -> str:
-    return _page(s, run, "hang")
-
-
 def _receiver(s: Storm, mode: str, then: Callable[[Storm, FaultRun], str], run: FaultRun, hold: float) -> str:
     s.receiver_mode = mode
     try:
@@ -142,11 +119,13 @@ def _receiver(s: Storm, mode: str, then: Callable[[Storm, FaultRun], str], run: 
         time.sleep(max(0.0, hold - (time.time() - run.started)))
     finally:
         s.receiver_mode = "ok"
+        if mode == "down":
+            s.quiet.append((run.started, time.time()))
     return f"receiver {mode} for {time.time() - run.started:.0f}s; {out}"
 
 
 def receiver_down(s: Storm, run: FaultRun) -> str:
-    """The receiver answers 503 through a whole incident: retried for ``alerts.retry_for``, then marked failed."""
+    """The receiver answers 503 through a whole incident: retried for ``alerts.retry_for``, then given up."""
     return _receiver(s, "down", kill_rank, run, 40)
 
 
@@ -155,36 +134,42 @@ def slow_receiver(s: Storm, run: FaultRun) -> str:
 
 
 def disk_full(s: Storm, run: FaultRun) -> str:
-    """The state directory's filesystem full while the page turns to garbage (a blind incident to write down)."""
+    """The state directory's filesystem full (to its last bytes) when a rank stops: the watchdog still sees, alerts
+    and restarts; what it could not write is lost and said, and the files it keeps are whole. The disk has room again
+    once the stall is alerted (the receiver has it)."""
     filler = s.state_dir / "storm-filler"
-    written = 0
+    written, full_from = 0, time.time()
     try:
-        with open(filler, "wb") as f:
-            chunk = b"\0" * (1 << 20)
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(chunk)
-                    f.flush()
-                    written += len(chunk)
-            with contextlib.suppress(OSError):  # the last bytes, so that not even a line fits
-                while True:
-                    f.write(b"\0" * 512)
-                    f.flush()
-        assert s.proxy is not None
-        s.proxy.set_mode("garbage")
-        time.sleep(15)
-        s.proxy.set_mode("pass")
-        time.sleep(3)
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for size in (1 << 20, 4096, 64):  # down to the last bytes: not even a line fits
+                with contextlib.suppress(OSError):
+                    while True:
+                        written += os.write(fd, b"\0" * size)
+        finally:
+            os.close(fd)
+        with _rank_stopped(s, 1):
+            deadline = time.monotonic() + 90
+            while not any(b.get("event") == "stall_detected" and _t_alert(b) >= run.started
+                          for b in s.receiver.bodies()):
+                assert time.monotonic() < deadline, "no stall alerted while the disk was full"
+                w = s.watchdog
+                assert w is not None and w.alive(), f"the watchdog died of a full disk:\n{w and w.log_tail()}"
+                time.sleep(0.3)
+            filler.unlink()
+            s.full.append((full_from, time.time()))
+            inc = next(str(b["incident_id"]) for b in s.receiver.bodies() if b.get("event") == "stall_detected"
+                       and _t_alert(b) >= run.started)
+            run.incidents.append(inc)
+            s.wait_event("restart_started", run.started, RESTART_WAIT, incident=inc)
     finally:
-        if s.proxy is not None:
-            s.proxy.set_mode("pass")
         with contextlib.suppress(FileNotFoundError):
             filler.unlink()
-    s.settle(90)
-    w = s.watchdog
-    assert w is not None and w.alive(), "the watchdog died of a full disk"
-    e = s.wait_event("resolved", run.started, 60)
-    return f"filled {written >> 20} MiB; the watchdog lived on; events again after ({e.get('event')})"
+    return f"filled {written >> 20} MiB; alerted while full; " + _recovered(s, run, inc)
+
+
+def _t_alert(body: dict[str, Any]) -> float:
+    return _t({"time": body.get("time")})
 
 
 def _killed_at(s: Storm, run: FaultRun, event: str) -> str:
@@ -213,9 +198,9 @@ def kill_watchdog_in_proof(s: Storm, run: FaultRun) -> str:
 
 
 FAULTS: dict[str, Callable[[Storm, FaultRun], str]] = {
-    f.__name__: f for f in (stop_rank, kill_rank, kill_api_server, diverge, crash, failed_restart, garbage_page,
-                            hung_page, receiver_down, slow_receiver, disk_full, kill_watchdog_in_capture,
+    f.__name__: f for f in (stop_rank, kill_rank, kill_api_server, diverge, crash, failed_restart,
+                            receiver_down, slow_receiver, disk_full, kill_watchdog_in_capture,
                             kill_watchdog_in_restart, kill_watchdog_in_proof)
 }
-# the quick ones come more often once each kind has run
-WEIGHTS = {"garbage_page": 3, "hung_page": 3, "slow_receiver": 1, "stop_rank": 2, "diverge": 2}
+# once each kind has run, the commonest faults come more often
+WEIGHTS = {"stop_rank": 2, "diverge": 2}

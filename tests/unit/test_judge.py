@@ -64,6 +64,30 @@ def test_first_sight_of_idle_engine_is_starting_until_a_probe_proves_it() -> Non
     assert states(j) == {"0": State.IDLE}
 
 
+def test_a_watchdog_started_over_an_engine_that_served_calls_its_lost_probe_a_freeze() -> None:
+    """Started (or restarted) over a wedged engine with nothing on its page but the watchdog's own probe: the engine
+    had served (its counters are above 0), so the probe outstanding is pending work, not a warm-up."""
+    j = Judge(TH)
+    j.observe(page(0, gen=5))
+    assert states(j) == {"0": State.STARTING}
+    j.observe(ProbeStarted(0.1, 1))
+    seen = []
+    for t in range(1, int(TH.stall_window) + 3):
+        j.observe(page(t, gen=5))
+        seen.append(states(j)["0"])
+    assert State.SUSPECT in seen and seen[-1] == State.FROZEN, seen
+
+
+def test_a_fresh_engine_whose_first_generation_is_slow_stays_starting() -> None:
+    """Counters at 0 when first seen: a new engine warming up; its slow first generation is the boot's business."""
+    j = Judge(TH)
+    j.observe(page(0))
+    j.observe(ProbeStarted(0.1, 1))
+    for t in range(1, int(TH.stall_window) * 3):
+        j.observe(page(t))
+        assert states(j) == {"0": State.STARTING}
+
+
 def test_steady_progress_is_working_never_frozen() -> None:
     j = ready_judge()
     for i in range(2, 300):

@@ -179,6 +179,8 @@ class Judge:
         if restarted:
             tr.forget_incarnation()
             tr.running, tr.waiting = r.running, r.waiting
+        if tr.counters is None:  # first sight of this incarnation: has it served before the watchdog looked?
+            tr.served = any(r.counters.get(c, 0) > 0 for c in SERVING_COUNTERS)
         tr.counters, tr.kv = dict(r.counters), r.kv_usage
         if progress:
             tr.last_progress = t
@@ -189,7 +191,9 @@ class Judge:
         page_pending = r.running > 0 or r.waiting > 0
         # Before the first generation has succeeded, a slow probe is part of starting (the first generation after
         # a start takes 3-20 s here: warm-up), not a stall; a start that never finishes is for the boot timeout.
-        probe_since = self._probe_pending_since() if tr.ready else None
+        # An engine that had served before the watchdog first saw it (a watchdog restarted over a wedge) is not
+        # warming up: its first generation outstanding is pending work like any other.
+        probe_since = self._probe_pending_since() if tr.ready or tr.served else None
         if page_pending or probe_since is not None:
             if tr.pending_since is None:
                 tr.pending_since = t if page_pending or probe_since is None else probe_since

@@ -37,6 +37,7 @@ class Track:
     next_check: float | None = None  # when to look at the stacks again (an explained stall, an undecided suspicion)
     undecided: str = ""  # why the stacks could not decide during this stall
     ready: bool = False
+    served: bool = False  # its serving counters were above 0 when first seen: it served before this watch began
     incarnation: int = 1
     verdict: Verdict | None = None
 
@@ -51,7 +52,7 @@ class Track:
         """The engine went away: what comes back is a new incarnation that must prove itself again."""
         if self.counters is not None or self.ready:
             self.incarnation += 1
-        self.counters, self.kv, self.ready = None, None, False
+        self.counters, self.kv, self.ready, self.served = None, None, False, False
         self.last_progress = self.pending_since = None
         self.forget_stacks()
         self.running = self.waiting = 0.0
