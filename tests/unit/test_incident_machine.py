@@ -48,13 +48,19 @@ LOST = NodeView("worker1", "blind", "cannot see node worker1: ssh: connection ti
 SEEN = NodeView("worker1", "ok", "2 rank(s) running on node worker1")
 
 
-def verdict(state: State, since_ago: float = 0.0, at: float = M0, reason: str = "", only: bool = False) -> Verdict:
-    return Verdict("0", state, reason or f"{state.value} for the test", at - since_ago, at, stacks_only=only)
+def verdict(state: State, since_ago: float = 0.0, at: float = M0, reason: str = "", only: bool = False,
+            moved: float | None | str = "at") -> Verdict:
+    """``moved``: when the judge last saw progress (mono, None: never); "at" is ``at`` for a working engine."""
+    progress = (at if state == State.WORKING else None) if moved == "at" else moved
+    assert not isinstance(progress, str)
+    return Verdict("0", state, reason or f"{state.value} for the test", at - since_ago, at, last_progress=progress,
+                   stacks_only=only)
 
 
 def tick(state: State, since_ago: float = 0.0, at: float = M0, **kw: Any) -> Tick:
-    only = kw.pop("only", False)
-    return Tick((verdict(state, since_ago, at, only=only),), at, kw.pop("paused", False), nonce="beef", **kw)
+    only, moved = kw.pop("only", False), kw.pop("moved", "at")
+    return Tick((verdict(state, since_ago, at, only=only, moved=moved),), at, kw.pop("paused", False), nonce="beef",
+                **kw)
 
 
 def said(commands: list[Command]) -> list[str]:
@@ -160,6 +166,10 @@ TABLE = [
         tick(State.DOWN, 5, recovering="proving", ended=RecoveryEnded("i-0", True, "ready", "x")), NOTHING,
         Phase.PROVING),
     Row("progress again: resolved without a restart", book(incident()), tick(State.WORKING), RESOLVED, None),
+    Row("work nothing was seen to move of (a new watcher's first page): not cleared", book(incident(Phase.OBSERVING),
+        said="x"), tick(State.WORKING, moved=None), NOTHING, Phase.OBSERVING),
+    Row("progress seen before the incident opened does not clear it", book(incident(Phase.OBSERVING), said="x"),
+        tick(State.WORKING, moved=M0 - 30), NOTHING, Phase.OBSERVING),
     Row("stacks alone do not clear it", book(incident(Phase.OBSERVING), said="x"), tick(State.WORKING, only=True),
         NOTHING, Phase.OBSERVING),
     Row("a freeze begun before the last incident ended is spent", book(quiet_since=M0 - 5), tick(State.FROZEN, 20),

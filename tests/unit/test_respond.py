@@ -71,7 +71,7 @@ class Harness:
         self.clock.wall += advance
         self.mono += advance
         v = Verdict("0", state, reason or f"{state.value} for the test", self.mono - since_ago, self.mono,
-                    stacks_only=stacks_only)
+                    last_progress=self.mono if state == State.WORKING else None, stacks_only=stacks_only)
         self.r.step([v], self.mono)
 
     def names(self) -> list[str]:

@@ -178,9 +178,15 @@ def _open(d: Draft, kind: Kind, v: Verdict) -> None:
 
 
 def _cleared(d: Draft, inc: Incident) -> bool:
-    """Serving again by itself: progress or a successful generation (stacks alone do not count)."""
+    """Serving again by itself: idle after a proven generation, or working with progress seen since the incident
+    opened. Stacks alone do not count, nor work a watcher has seen nothing of yet (a watchdog restarted over the
+    incident: its first page shows requests running, and nothing moving)."""
     v = d.book.verdicts.get(inc.engine)
-    return v is not None and v.state in (State.WORKING, State.IDLE) and not v.stacks_only
+    if v is None or v.stacks_only:
+        return False
+    opened = d.book.mono - (d.wall - inc.detected)  # the judge's clock is the host's monotonic one
+    return v.state == State.IDLE or (v.state == State.WORKING and v.last_progress is not None
+                                     and v.last_progress >= opened)
 
 
 def _confirmed(d: Draft, inc: Incident) -> bool:
