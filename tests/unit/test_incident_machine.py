@@ -49,7 +49,7 @@ SEEN = NodeView("worker1", "ok", "2 rank(s) running on node worker1")
 
 
 def verdict(state: State, since_ago: float = 0.0, at: float = M0, reason: str = "", only: bool = False,
-            moved: float | None | str = "at") -> Verdict:
+            moved: float | str | None = "at") -> Verdict:
     """``moved``: when the judge last saw progress (mono, None: never); "at" is ``at`` for a working engine."""
     progress = (at if state == State.WORKING else None) if moved == "at" else moved
     assert not isinstance(progress, str)
