@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,15 @@ from tests.harness.restart_vllm import ScriptedServer, read_pid, stop_group
 from tests.harness.server import free_port
 from tests.harness.watcher import WatchdogProcess, event_time, quick_config
 from tests.receiver import Receiver
+from watchdog.service.events import generations
 
 SINK = "storm"
-EVENTS_MAX = 4 * 1024 * 1024  # the event log is not rotated yet: what a storm of an hour writes, with room to spare
+EVENTS_MAX = 64 * 1024  # state.events_max_bytes: small, so that a storm of minutes rolls the log over
 INCIDENTS_MAX, INCIDENTS_BYTES = 4, 8 * 1024 * 1024
 TMPFS_BYTES = 48 * 1024 * 1024
 SCRAPE_DEADLINE = 10.0  # the config's scrape.deadline (its default): a pass never waits longer for the page
-# all the state directory may hold: the event log, the bundles, status, recovery and the rest
-STATE_BOUND = EVENTS_MAX + INCIDENTS_BYTES + 1024 * 1024
+# all the state directory may hold: two generations of the event log, the bundles, status, recovery and the rest
+STATE_BOUND = 2 * EVENTS_MAX + INCIDENTS_BYTES + 1024 * 1024
 
 
 @dataclass
@@ -152,7 +154,7 @@ kind = "webhook"
 name = "{SINK}"
 url = {json.dumps(self.receiver.url)}
 timeout = 10
-""")
+""", state=f"events_max_bytes = {EVENTS_MAX}\n")
 
     def start_watchdog(self) -> WatchdogProcess:
         self.watchdog = WatchdogProcess(self.server.url, self.state_dir, self.config(),
@@ -206,17 +208,18 @@ timeout = 10
     # -- what is read ----------------------------------------------------------------------------------------------
 
     def events(self) -> list[dict[str, Any]]:
-        return checks.read_jsonl(checks.generations(self.state_dir, "events.jsonl"))[0]
+        return checks.read_jsonl(generations(self.state_dir / "events.jsonl"))[0]
 
     def wait_event(self, name: str, after: float, timeout: float, incident: str | None = None,
-                   **match: Any) -> dict[str, Any]:
-        """The first event ``name`` written at or after ``after`` (wall), of ``incident`` if given."""
+                   where: Callable[[dict[str, Any]], bool] | None = None, **match: Any) -> dict[str, Any]:
+        """The first event ``name`` written at or after ``after`` (wall), of ``incident`` if given, for which
+        ``where`` holds if given."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for e in self.events():
                 if (e.get("event") == name and event_time(e) >= after - 0.001
                         and (incident is None or e.get("incident") == incident)
-                        and all(e.get(k) == v for k, v in match.items())):
+                        and all(e.get(k) == v for k, v in match.items()) and (where is None or where(e))):
                     return e
             w = self.watchdog
             if w is not None and not w.alive():
@@ -274,11 +277,20 @@ timeout = 10
             except AssertionError as e:
                 run.problems.append(f"{name}: {e}")
             run.ended = time.time()
+            self.drain()
             run.problems += self.check()
             if run.problems:
                 print("\n".join(run.problems), flush=True)
                 return
             self.settle()
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait (bounded) for the alerts still on their way: delivery is asynchronous, and a slow receiver takes
+        seconds per alert, so an incident just resolved may have its last alerts queued."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and checks.alert_problems(self.receiver.bodies(), self.events(),
+                                                                     self.quiet):
+            time.sleep(0.5)
 
     def settle(self, timeout: float = 300.0) -> None:
         """Wait until the engine serves and the watchdog holds no incident (the next fault starts from calm)."""
@@ -300,7 +312,7 @@ timeout = 10
         return doc if isinstance(doc, dict) else {}
 
     def check(self) -> list[str]:
-        events, bad = checks.read_jsonl(checks.generations(self.state_dir, "events.jsonl"))
+        events, bad = checks.read_jsonl(generations(self.state_dir / "events.jsonl"))
         problems = [f"{bad} unreadable lines in events.jsonl"] if bad > self.kills else []
         problems += checks.incident_problems(events, self.full)
         problems += checks.alert_problems(self.receiver.bodies(), events, self.quiet)

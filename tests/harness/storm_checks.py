@@ -1,7 +1,8 @@
 """What the storm checks after every fault and at its end, over what the watchdog left on disk and what the receiver
 got: plain functions of data, each returning the problems it found (an empty list: all is well).
 
-- `incident_problems`: each incident opened once, closed at most once, nothing said of it after it closed, never a
+- `incident_problems`: each incident opened once (or before the oldest generation of the rolled-over log kept),
+  closed at most once, nothing said of it after it closed, never a
   second restart while one runs (a new restart only after the last one failed);
 - `alert_problems`: every alert reached the receiver at most once, in its incident's order, and an incident that
   opened and closed while the receiver was up and the watchdog alive had its opening and its resolution delivered;
@@ -45,25 +46,26 @@ def read_jsonl(paths: Iterable[Path]) -> tuple[list[dict[str, Any]], int]:
     return out, bad
 
 
-def generations(state_dir: Path, name: str) -> list[Path]:
-    return [state_dir / f"{name}.1", state_dir / name]
-
-
 def incident_problems(events: list[dict[str, Any]], full: Iterable[tuple[float, float]] = ()) -> list[str]:
     """``full``: the (from, to) wall times the state directory was full: an incident opened then may lack the events
     that could not be written (the watchdog counts and alerts them), never have them twice."""
     problems: list[str] = []
     first: dict[str, float] = {}
     by_incident: dict[str, list[str]] = defaultdict(list)
+    horizon: set[str] = set()  # incidents with records before the log's first opening: opened before what is kept
+    seen_opening = False
     for e in events:
         inc = e.get("incident")
         if isinstance(inc, str) and e.get("event") != "transition":
             by_incident[inc].append(str(e.get("event")))
             first.setdefault(inc, _when(e))
+            seen_opening = seen_opening or e.get("event") == "incident_opened"
+            if not seen_opening:
+                horizon.add(inc)
     windows = list(full)
     for inc, names in by_incident.items():
         counts = Counter(names)
-        lossy = any(a <= first[inc] <= b + 5 for a, b in windows)
+        lossy = inc in horizon or any(a <= first[inc] <= b + 5 for a, b in windows)
         if counts["incident_opened"] > 1 or (counts["incident_opened"] == 0 and not lossy):
             problems.append(f"incident {inc}: opened {counts['incident_opened']} times ({names})")
         closes = sum(counts[c] for c in CLOSING)

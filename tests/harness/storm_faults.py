@@ -27,8 +27,8 @@ RESTART_WAIT = 240.0  # a freeze or a death to its restart, the evidence include
 RECOVER_WAIT = 300.0  # a restart to a served generation (a CPU vLLM loads in about a minute here)
 
 
-def _opened(s: Storm, run: FaultRun, kind: str, timeout: float = 90.0) -> str:
-    e = s.wait_event("incident_opened", run.started, timeout, kind=kind)
+def _opened(s: Storm, run: FaultRun, *kinds: str, timeout: float = 90.0) -> str:
+    e = s.wait_event("incident_opened", run.started, timeout, where=lambda e: e.get("kind") in kinds)
     inc = str(e["incident"])
     run.incidents.append(inc)
     return inc
@@ -60,8 +60,10 @@ def stop_rank(s: Storm, run: FaultRun) -> str:
 
 
 def kill_rank(s: Storm, run: FaultRun) -> str:
+    """A worker killed under load: the engine core may notice and exit (down), or the watchdog may see the step that
+    never ends first (frozen); either way one incident, one restart."""
     kill(s.server.process(f"VLLM::Worker_TP{s.rng.randrange(2)}"))
-    return _recovered(s, run, _opened(s, run, "down"))
+    return _recovered(s, run, _opened(s, run, "down", "frozen"))
 
 
 def kill_api_server(s: Storm, run: FaultRun) -> str:

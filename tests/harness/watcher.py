@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from watchdog.service.events import generations
 
-def quick_config(suspect: float, window: float, probe: float, extra: str = "") -> str:
-    """A config for tests: twice-a-second scrapes and the test's own thresholds."""
+
+def quick_config(suspect: float, window: float, probe: float, extra: str = "", state: str = "") -> str:
+    """A config for tests: twice-a-second scrapes and the test's own thresholds; ``state``: more of ``[state]``."""
     return (f"[scrape]\ninterval = 0.5\n[judge]\nsuspect_after = {suspect}\nstall_window = {window}\n"
-            f"[probe]\ninterval = {probe}\nretry = 2.0\ntimeout = 120.0\n[state]\ntrace_max_bytes = 0\n{extra}")
+            f"[probe]\ninterval = {probe}\nretry = 2.0\ntimeout = 120.0\n[state]\ntrace_max_bytes = 0\n{state}"
+            f"{extra}")
 
 
 class WatchdogProcess:
@@ -65,9 +68,12 @@ class WatchdogProcess:
         return self
 
     def events(self) -> list[dict[str, Any]]:
-        if not self.events_path.exists():
-            return []
-        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.strip()]
+        """Both generations of the event log, oldest first."""
+        out: list[dict[str, Any]] = []
+        for p in generations(self.events_path):
+            if p.exists():
+                out += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return out
 
     def transitions(self) -> list[dict[str, Any]]:
         return [e for e in self.events() if e.get("event") == "transition"]

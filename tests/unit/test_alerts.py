@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from watchdog.act.alert_log import DeliveryLog
 from watchdog.act.alerts import (
     EVENTS,
     Alert,
@@ -513,3 +514,40 @@ def test_each_sink_says_whether_its_last_alert_was_delivered(receiver, dispatche
     d.submit(alert())
     assert d.wait_idle(20)
     assert d.delivering() == [("am", "alertmanager", True), ("am-gone", "alertmanager", False)]
+
+
+def test_every_outcome_is_logged_and_a_new_life_sends_nothing_delivered_or_given_up_before(
+        tmp_path, receiver, dispatcher) -> None:
+    ledger = tmp_path / "alerts.jsonl"
+    hook = receiver()
+    sinks = [WebhookSink(hook.url, name="up"), WebhookSink(closed_port_url(), name="gone", connect_timeout=1)]
+    first = dispatcher(sinks, RetryPolicy.instant(attempts=2), ledger=DeliveryLog(ledger))
+    first.submit(alert("stall_detected", "inc-7"))
+    assert first.wait_idle(20)
+    first.close(timeout=1)  # a watchdog SIGKILLed here would leave the same file: a line per outcome, as it came
+    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+    by_sink = {x["sink"]: x for x in lines}
+    assert by_sink["up"]["outcome"] == "delivered" and by_sink["up"]["attempts"] == 1
+    assert by_sink["gone"]["outcome"] == "failed" and by_sink["gone"]["attempts"] == 2
+    assert "connection failed" in by_sink["gone"]["error"] and "127.0.0.1" not in by_sink["gone"]["error"]
+    assert {x["incident"] for x in lines} == {"inc-7"} and all(ISO.match(x["time"]) for x in lines)
+    with ledger.open("a") as f:
+        f.write('{"incident": "inc-7", "event": "evidence_cap')  # torn by a kill
+    again = receiver()
+    second = dispatcher([WebhookSink(again.url, name="up")], RetryPolicy.instant(), ledger=DeliveryLog(ledger))
+    second.submit(alert("stall_detected", "inc-7"))  # the next life says it again: delivered before, not resent
+    second.submit(alert("evidence_captured", "inc-7"))  # the torn line settled nothing: this one goes
+    assert second.wait_idle(10)
+    assert [(b["incident_id"], b["event"]) for b in again.bodies()] == [("inc-7", "evidence_captured")]
+
+
+def test_an_alert_given_up_on_one_sink_is_not_settled_for_another(tmp_path, receiver, dispatcher) -> None:
+    ledger = tmp_path / "alerts.jsonl"
+    DeliveryLog(ledger).record(alert(), "old-sink", "failed", 3, "HTTP 503")
+    DeliveryLog(ledger).record(alert(incident="inc-9"), "ops", "dropped", 0, "its queue was full")
+    hook = receiver()
+    d = dispatcher([WebhookSink(hook.url, name="ops")], RetryPolicy.instant(), ledger=DeliveryLog(ledger))
+    d.submit(alert())
+    d.submit(alert(incident="inc-9"))  # dropped is not settled: a new life sends it
+    assert d.wait_idle(10)
+    assert sorted(b["incident_id"] for b in hook.bodies()) == ["inc-1", "inc-9"]

@@ -172,9 +172,15 @@ def test_port_in_range(tmp_path: Path, port: int) -> None:
     assert load(write(tmp_path, f"[exporter]\nport = {port}\n")).exporter.port == port
 
 
-def test_negative_trace_size(tmp_path: Path) -> None:
-    message = load_error(tmp_path, "[state]\ntrace_max_bytes = -1\n")
-    assert says(message, "state.trace_max_bytes", "0 or more"), message
+@pytest.mark.parametrize("key", ["trace_max_bytes", "events_max_bytes"])
+def test_negative_state_file_size(tmp_path: Path, key: str) -> None:
+    message = load_error(tmp_path, f"[state]\n{key} = -1\n")
+    assert says(message, f"state.{key}", "0 or more"), message
+
+
+def test_the_event_log_rolls_over_by_default_and_can_be_told_not_to(tmp_path: Path) -> None:
+    assert load(write(tmp_path, "")).state.events_max_bytes == 16 * 1024 * 1024
+    assert load(write(tmp_path, "[state]\nevents_max_bytes = 0\n")).state.events_max_bytes == 0
 
 
 # -- immutability ------------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ DOES_IO = (
     "watchdog.__main__",
     "watchdog.host",
     "watchdog.cli",
+    "watchdog.act.alert_log",
     "watchdog.act.alert_sinks",
     "watchdog.act.alerts",
     "watchdog.act.heartbeat",

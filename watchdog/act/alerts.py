@@ -2,9 +2,9 @@
 
 `Dispatcher.submit` returns at once; one worker thread per sink delivers from a bounded queue, retrying with
 exponential backoff (tenacity), bounded in attempts and total time, then logs one line and gives up. Each
-(incident_id, event, sink) is sent at most once. Logs name sinks, never their URLs, tokens or secrets. The alert
-itself and the receivers' formats are in `watchdog.act.alert_sinks`.
-"""
+(incident_id, event, sink) is sent at most once, across lives too with the delivery log (`alert_log`). Logs name
+sinks, never their URLs, tokens or secrets. The alert itself and the receivers' formats are in
+`watchdog.act.alert_sinks`."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import requests
 import tenacity
 
+from watchdog.act.alert_log import DeliveryLog
 from watchdog.act.alert_sinks import (
     EVENTS,
     Alert,
@@ -95,8 +97,9 @@ class _Worker:
     """One sink's thread: it sleeps in the queue until an alert comes, or None to stop (no polling: a watchdog with a
     webhook configured must not wake up five times a second for nothing)."""
 
-    def __init__(self, sink: Sink, retry: RetryPolicy, queue_size: int, abort: threading.Event) -> None:
-        self.sink, self.retry, self.abort = sink, retry, abort
+    def __init__(self, sink: Sink, retry: RetryPolicy, queue_size: int, abort: threading.Event,
+                 ledger: DeliveryLog | None = None) -> None:
+        self.sink, self.retry, self.abort, self.ledger = sink, retry, abort, ledger
         self.limit = queue_size  # alerts waiting at most (kept by `Dispatcher.submit`); the stop always fits
         self.delivering = True  # the last alert reached the sink (or none was sent yet); False after a give-up
         self.queue: queue.Queue[Alert | None] = queue.Queue()
@@ -120,11 +123,16 @@ class _Worker:
                 if self.abort.is_set():
                     log.warning("alert sink %s: closing, dropped %s for incident %s", self.sink.name, alert.event,
                                 alert.incident_id)
+                    self.outcome(alert, "dropped", 0, "the watchdog was closing")
                 else:
                     self._deliver(alert)
             finally:
                 self.queue.task_done()
         self.queue.task_done()
+
+    def outcome(self, alert: Alert, outcome: str, attempts: int, error: str = "") -> None:
+        if self.ledger is not None:
+            self.ledger.record(alert, self.sink.name, outcome, attempts, error)
 
     def _sleep(self, seconds: float) -> None:
         self.abort.wait(seconds)  # close() cuts a backoff short
@@ -158,26 +166,31 @@ class _Worker:
             log.warning("alert not delivered, giving up: sink %s, event %s, incident %s, engine %s: %s "
                         "(%d attempt%s in %.1fs)", self.sink.name, alert.event, alert.incident_id, alert.engine,
                         describe_error(e), attempts, "" if attempts == 1 else "s", time.monotonic() - started)
+            self.outcome(alert, "failed", attempts, describe_error(e))
         else:
             self.delivering = True
+            self.outcome(alert, "delivered", attempts)
             log.debug("alert sink %s: delivered %s for incident %s (attempt %d)", self.sink.name, alert.event,
                       alert.incident_id, attempts)
 
 
 class Dispatcher:
-    """Sends each alert to every sink in the background; `submit` never blocks."""
+    """Sends each alert to every sink in the background; `submit` never blocks. With a ``ledger``, each outcome is
+    written to it, and what it says was delivered or given up on (in a life before this one) is not sent again."""
 
     def __init__(self, sinks: Sequence[Sink], retry: RetryPolicy | None = None, *, queue_size: int = 256,
-                 dedup_size: int = 4096) -> None:
+                 dedup_size: int = 4096, ledger: DeliveryLog | None = None) -> None:
         names = [s.name for s in sinks]
         if len(set(names)) != len(names):
             raise ValueError(f"alert sink names must be unique, got {names}")
         self._abort = threading.Event()
         self._lock = threading.Lock()
-        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str, str], None] = OrderedDict.fromkeys(
+            sorted(ledger.settled())[-dedup_size:] if ledger else ())
         self._dedup_size = dedup_size
         self._closed = False
-        self._workers = [_Worker(s, retry or RetryPolicy(), queue_size, self._abort) for s in sinks]
+        self.ledger = ledger
+        self._workers = [_Worker(s, retry or RetryPolicy(), queue_size, self._abort, ledger) for s in sinks]
 
     def submit(self, alert: Alert) -> None:
         with self._lock:
@@ -193,6 +206,7 @@ class Dispatcher:
                 if not w.offer(alert):
                     log.warning("alert sink %s: queue full, dropped %s for incident %s", w.sink.name, alert.event,
                                 alert.incident_id)
+                    w.outcome(alert, "dropped", 0, "its queue was full")
                     continue
                 self._seen[key] = None
                 while len(self._seen) > self._dedup_size:
@@ -224,12 +238,16 @@ class Dispatcher:
         deadline = time.monotonic() + 1.0
         for w in self._workers:
             w.thread.join(max(0.0, deadline - time.monotonic()))
+        if self.ledger is not None:
+            self.ledger.close()
         return drained and not any(w.thread.is_alive() for w in self._workers)
 
 
 
-def build_dispatcher(cfg: Config) -> Dispatcher | None:
-    """The configured sinks, their URLs and secrets read now (a missing one is a ConfigError); None if none."""
+def build_dispatcher(cfg: Config, ledger: Path | None = None) -> Dispatcher | None:
+    """The configured sinks, their URLs and secrets read now (a missing one is a ConfigError); None if none.
+    ``ledger``: where the delivery log is kept (`watchdog.act.alert_log`), rolled over past
+    ``state.events_max_bytes``."""
     sinks: list[Sink] = []
     for i, s in enumerate(cfg.alerts.sinks):
         key = f"alerts.sinks[{i}]"
@@ -244,7 +262,8 @@ def build_dispatcher(cfg: Config) -> Dispatcher | None:
             sinks.append(AlertmanagerSink(url, severity=s.severity, firing_ttl=s.firing_ttl or None, **kw))
     if not sinks:
         return None
-    return Dispatcher(sinks, RetryPolicy(attempts=cfg.alerts.attempts, total=cfg.alerts.retry_for))
+    return Dispatcher(sinks, RetryPolicy(attempts=cfg.alerts.attempts, total=cfg.alerts.retry_for),
+                      ledger=DeliveryLog(ledger, cfg.state.events_max_bytes) if ledger else None)
 
 
 def fault_alert(cfg: Config, stage: str, error: str, where: str, started: float) -> Alert:

@@ -31,6 +31,7 @@ from watchdog.nodes.remote import RemoteEvidence
 from watchdog.nodes.transport import close_links, open_links
 from watchdog.scrape.engine_http import EngineHTTP
 from watchdog.scrape.fetch import MetricsFetcher
+from watchdog.service.events import generations
 
 EXIT_COMPLETE, EXIT_INCOMPLETE, EXIT_NOTHING = 0, 1, 2
 
@@ -305,7 +306,7 @@ def read_bundle(bundle: Path, state_dir: Path, cfg: Config) -> BundleFiles:
             page = _read(bundle / "metrics.txt")
         except OSError as e:
             unread.append(f"metrics.txt cannot be read ({e.strerror or e})")
-    events = _jsonl([state_dir / "events.jsonl"])
+    events = _jsonl(list(generations(state_dir / "events.jsonl")))
     scrapes = _jsonl([state_dir / "trace.jsonl.1", state_dir / "trace.jsonl"], keep='"scrape"')
     return BundleFiles(bundle.name.removeprefix(PARTIAL), manifest, tuple(unread), tuple(dumps), page,
                        tuple(events), tuple(r for r in scrapes if r.get("kind") == "scrape"),

@@ -116,6 +116,7 @@ class ExporterSection:
 class StateSection:
     dir: str = "/var/lib/engine-watchdog"
     trace_max_bytes: int = 64 * 1024 * 1024  # rolling trace of what the judgement saw; 0 turns it off
+    events_max_bytes: int = 16 * 1024 * 1024  # events.jsonl rolls over to .1 past this; 0: never
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,8 +321,9 @@ def _validate(cfg: Config) -> None:
     if not 0 <= cfg.exporter.port <= 65535:
         raise ConfigError(f"{src}: exporter.port must be 0..65535, got {cfg.exporter.port}")
     positive("exporter.live_after", cfg.exporter.live_after)
-    if cfg.state.trace_max_bytes < 0:
-        raise ConfigError(f"{src}: state.trace_max_bytes must be 0 or more")
+    for key in ("trace_max_bytes", "events_max_bytes"):
+        if getattr(cfg.state, key) < 0:
+            raise ConfigError(f"{src}: state.{key} must be 0 or more")
     for name, check in (("alerts", check_alerts), ("gpu", check_gpu)):
         try:
             check(getattr(cfg, name))

@@ -152,7 +152,7 @@ def _build(parts: Parts, cfg: Config, state_dir: Path, http: EngineHTTP, hooks: 
 
 def _act_stage(parts: Parts, cfg: Config, state_dir: Path, http: EngineHTTP, hooks: Hooks, clock: Clock) -> None:
     """Alerts, heartbeat, restarter, recovery and the responder that runs the incident machine's commands."""
-    parts.alerts = build_dispatcher(cfg)
+    parts.alerts = build_dispatcher(cfg, state_dir / "alerts.jsonl")
     a = cfg.alerts
     parts.heartbeat = Heartbeat(Secret(a.heartbeat_url) if a.heartbeat_url else cfg.secret(
         "alerts.heartbeat_url", a.heartbeat_url_env, a.heartbeat_url_file), a.heartbeat_interval)

@@ -72,7 +72,7 @@ class Daemon:
         self.exporter = Exporter(probes=ProbeSettings(cfg.exporter.live_after, stale_after(
             cfg.scrape.interval, cfg.scrape.deadline)), stack=cfg.engine.name)
         self.http = EngineHTTP(cfg.engine.url, cfg.scrape.limits(), cfg.api_key().reveal())  # the engine's one
-        self.events = EventLog(state_dir / "events.jsonl")
+        self.events = EventLog(state_dir / "events.jsonl", cfg.state.events_max_bytes)
         self.parts = Parts()  # built by run(); a test may set its own
         self._calm = False  # the last pass saw every engine idle or working, with no incident open
         self.signals = StopSignals()

@@ -2,58 +2,29 @@
 
 Writing never takes the daemon down: a full or broken disk is counted, logged once per streak and reported to the
 daemon (which alerts once); the loop goes on judging and acting, and the log resumes when the disk has room.
+
+Past ``max_bytes`` (``state.events_max_bytes``) the log rolls over to ``events.jsonl.1``, as the trace does: the
+two generations hold at most twice that and one line. Readers take both (`generations`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-from pathlib import Path
-from typing import IO
 
 from watchdog.core.types import State, Transition, iso
+from watchdog.host.jsonl_log import JsonLinesLog, generations
+
+__all__ = ["LOUD", "EventLog", "generations", "log_transition", "transition_record"]
 
 log = logging.getLogger(__name__)
 
 LOUD = frozenset({State.FROZEN, State.DOWN, State.BLIND, State.SUSPECT})
 
 
-class EventLog:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._f: IO[str] | None = None
-        self.failures = 0  # writes lost in the current streak of failures
-        self.lost = 0  # writes lost since start
+class EventLog(JsonLinesLog):
+    """``events.jsonl``: what the daemon saw and did, for people and for `watchdog evidence`."""
 
-    def write(self, record: dict[str, object]) -> OSError | None:
-        """Append one JSON line; returns the error when it could not (the first of a streak is logged)."""
-        try:
-            if self._f is None:
-                self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across writes
-            self._f.write(json.dumps(record) + "\n")
-            self._f.flush()
-        except OSError as e:
-            self._drop()
-            self.failures += 1
-            self.lost += 1
-            if self.failures == 1:
-                log.error("cannot write %s: %s (events are lost until it can; the watch goes on)", self.path,
-                          e.strerror or e)
-            return e
-        if self.failures:
-            log.warning("writing %s again after %d lost events", self.path, self.failures)
-            self.failures = 0
-        return None
-
-    def close(self) -> None:
-        self._drop()
-
-    def _drop(self) -> None:
-        if self._f is not None:
-            with contextlib.suppress(OSError):
-                self._f.close()
-            self._f = None
+    what = "events"
 
 
 def transition_record(stack: str, url: str, tr: Transition, wall: float) -> dict[str, object]:
