@@ -2,7 +2,8 @@
 every fault and at the end, nothing lost, nothing doubled, the state directory bounded (`tests/harness/storm.py`).
 
 The faults' order comes from a seed the test prints; ``WATCHDOG_STORM_SEED`` replays one,
-``WATCHDOG_STORM_SECONDS`` sets how long faults are started (300 here; `bench/bench_storm.py` runs the hour)."""
+``WATCHDOG_STORM_SECONDS`` sets how long faults are started (300 here; `bench/bench_storm.py` runs the hour),
+``WATCHDOG_STORM_FAULTS`` (names, comma-separated) which faults are drawn from (all of them here)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_a_storm_of_faults_loses_nothing(engine_python: Path, fast_model: Path, 
     seconds = float(os.environ.get("WATCHDOG_STORM_SECONDS") or 300)
     print(f"storm seed {seed} (WATCHDOG_STORM_SEED={seed} replays it), {seconds:.0f}s of faults")
     with Storm(engine_python, fast_model, tmp_path, seed) as storm:
-        storm.run(seconds)
+        storm.run(seconds, [n for n in os.environ.get("WATCHDOG_STORM_FAULTS", "").split(",") if n] or None)
         final = storm.check()
         report = storm.report()
     (tmp_path / "storm-report.json").write_text(json.dumps(report, indent=1))

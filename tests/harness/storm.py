@@ -43,8 +43,9 @@ EVENTS_MAX = 64 * 1024  # state.events_max_bytes: small, so that a storm of minu
 INCIDENTS_MAX, INCIDENTS_BYTES = 4, 8 * 1024 * 1024
 TMPFS_BYTES = 48 * 1024 * 1024
 SCRAPE_DEADLINE = 10.0  # the config's scrape.deadline (its default): a pass never waits longer for the page
-# all the state directory may hold: two generations of the event log, the bundles, status, recovery and the rest
-STATE_BOUND = 2 * EVENTS_MAX + INCIDENTS_BYTES + 1024 * 1024
+# all the state directory may hold: two generations of the event log and two of the delivery log, the bundles,
+# status, recovery and the rest
+STATE_BOUND = 4 * EVENTS_MAX + INCIDENTS_BYTES + 1024 * 1024
 
 
 @dataclass
@@ -293,16 +294,18 @@ timeout = 10
             time.sleep(0.5)
 
     def settle(self, timeout: float = 300.0) -> None:
-        """Wait until the engine serves and the watchdog holds no incident (the next fault starts from calm)."""
+        """Wait until the watchdog holds no incident and the load has had a request served since the last fault
+        (the next fault starts from calm, under load that is served)."""
+        served = self.load.stats.successes if self.load else 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = self.status()
             engines = status.get("engines") or [{}]
             if status.get("incident") is None and engines[0].get("state") in ("working", "idle") \
-                    and not status.get("blind"):
+                    and not status.get("blind") and (self.load is None or self.load.stats.successes > served):
                 return
             time.sleep(0.5)
-        raise AssertionError(f"not calm within {timeout}s: {self.status()}")
+        raise AssertionError(f"not calm and served within {timeout}s: {self.status()}")
 
     def status(self) -> dict[str, Any]:
         try:
@@ -316,6 +319,8 @@ timeout = 10
         problems = [f"{bad} unreadable lines in events.jsonl"] if bad > self.kills else []
         problems += checks.incident_problems(events, self.full)
         problems += checks.alert_problems(self.receiver.bodies(), events, self.quiet)
+        ledger, _torn = checks.read_jsonl(generations(self.state_dir / "alerts.jsonl"))
+        problems += checks.ledger_problems(self.receiver.bodies(), ledger, SINK, self.kills, self.full)
         problems += checks.state_problems(self.state_dir, events)
         problems += checks.disk_problems(self.state_dir, STATE_BOUND, INCIDENTS_MAX, INCIDENTS_BYTES)
         return problems

@@ -6,6 +6,7 @@ got: plain functions of data, each returning the problems it found (an empty lis
   second restart while one runs (a new restart only after the last one failed);
 - `alert_problems`: every alert reached the receiver at most once, in its incident's order, and an incident that
   opened and closed while the receiver was up and the watchdog alive had its opening and its resolution delivered;
+- `ledger_problems`: the delivery log agrees with the receiver (delivered means received, failed means not);
 - `state_problems`: ``status.json`` and ``recovery.json`` parse and agree with each other and with the event log;
 - `disk_problems`: the state directory within its configured bounds.
 """
@@ -132,6 +133,28 @@ def alert_problems(received: list[Mapping[str, Any]], events: list[dict[str, Any
         evs = per.get(inc, [])
         if not any(e in OPENING for e in evs) or "resolved" not in evs:
             problems.append(f"incident {inc}: opened and resolved while all was well, the receiver got {evs}")
+    return problems
+
+
+def ledger_problems(received: list[Mapping[str, Any]], ledger: list[dict[str, Any]], sink: str,
+                    kills: int, full: Iterable[tuple[float, float]] = ()) -> list[str]:
+    """The delivery log (``alerts.jsonl``) against the receiver: an alert logged delivered reached it, one logged
+    failed did not, and everything it got is logged, save one per SIGKILL (killed between the answer and the line)
+    and those delivered while the state directory was ``full`` (from, to wall times: the line could not be
+    written)."""
+    windows = list(full)
+    lossy = {_key(b) for b in received if any(a <= _when(b) <= z + 5 for a, z in windows)}
+    got = Counter(_key(b) for b in received)
+    outcome: dict[str, str] = {}
+    for r in ledger:
+        if r.get("sink") == sink:
+            outcome[f"{r.get('incident')}/{r.get('event')}"] = str(r.get("outcome"))
+    problems = [f"alert {k}: logged delivered, never received" for k, o in outcome.items()
+                if o == "delivered" and not got[k]]
+    problems += [f"alert {k}: logged failed, yet received" for k, o in outcome.items() if o == "failed" and got[k]]
+    unlogged = [k for k in got if k not in outcome and k not in lossy]
+    if len(unlogged) > kills:
+        problems.append(f"{len(unlogged)} alerts received that the delivery log does not have: {unlogged[:5]}")
     return problems
 
 

@@ -4,7 +4,8 @@ undoes itself whatever happens. Each returns a line saying what came of it and r
 Faults of the engine's own making (`tests/harness/inject`): ``diverge`` (the ranks diverge at a collective) and
 ``crash`` (a request the sampler dies of). From outside: a stopped or killed rank, a killed API server. Around the
 engine: the receiver slow or down, the state directory full, a restart that fails, and the
-watchdog itself SIGKILLed during a capture, a restart and a proof.
+watchdog itself SIGKILLed during a capture, a restart and a proof. With the engine well (nothing may open): the
+watchdog SIGKILLed, the receiver down.
 """
 
 from __future__ import annotations
@@ -199,10 +200,40 @@ def kill_watchdog_in_proof(s: Storm, run: FaultRun) -> str:
     return _killed_at(s, run, "restart_steps")
 
 
+def _no_incident(s: Storm, run: FaultRun, seconds: float) -> None:
+    """Nothing opens for ``seconds``: the engine was never at fault."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        opened = [e for e in s.events() if e.get("event") == "incident_opened" and _t(e) >= run.started]
+        assert not opened, f"an incident opened with nothing wrong with the engine: {opened}"
+        time.sleep(0.5)
+
+
+def kill_watchdog_calm(s: Storm, run: FaultRun) -> str:
+    """The watchdog SIGKILLed with the engine well and started again: no incident, no alert, the watch goes on."""
+    before = len(s.receiver.bodies())
+    s.kill_watchdog()
+    _no_incident(s, run, 12)
+    assert len(s.receiver.bodies()) == before, f"alerts after a calm restart: {s.receiver.bodies()[before:]}"
+    return "killed while calm; no incident, no alert"
+
+
+def receiver_down_calm(s: Storm, run: FaultRun) -> str:
+    """The receiver down with the engine well: nothing to send, nothing opens."""
+    s.receiver_mode = "down"
+    try:
+        _no_incident(s, run, 15)
+    finally:
+        s.receiver_mode = "ok"
+        s.quiet.append((run.started, time.time()))
+    return "receiver down for 15s while calm; no incident"
+
+
 FAULTS: dict[str, Callable[[Storm, FaultRun], str]] = {
     f.__name__: f for f in (stop_rank, kill_rank, kill_api_server, diverge, crash, failed_restart,
                             receiver_down, slow_receiver, disk_full, kill_watchdog_in_capture,
-                            kill_watchdog_in_restart, kill_watchdog_in_proof)
+                            kill_watchdog_in_restart, kill_watchdog_in_proof, kill_watchdog_calm,
+                            receiver_down_calm)
 }
 # once each kind has run, the commonest faults come more often
 WEIGHTS = {"stop_rank": 2, "diverge": 2}
