@@ -39,6 +39,7 @@ from tests.receiver import Receiver
 from watchdog.service.events import generations
 
 SINK = "storm"
+CLOCK_STEP = Path(__file__).with_name("clock_step")  # its sitecustomize steps the watchdog's wall clock
 EVENTS_MAX = 64 * 1024  # state.events_max_bytes: small, so that a storm of minutes rolls the log over
 INCIDENTS_MAX, INCIDENTS_BYTES = 4, 8 * 1024 * 1024
 TMPFS_BYTES = 48 * 1024 * 1024
@@ -77,6 +78,8 @@ class Storm:
         self.inject.write_text("")
         self.fail_flag = tmp / "restart-fault"
         self.fail_flag.write_text("")
+        self.clock_file = tmp / "clock-offset"  # the watchdog's wall clock, seconds off (tests/harness/clock_step)
+        self.clock_file.write_text("0")
         self.server = ScriptedServer(engine_python, model, tmp, inject=self.inject)
         self.state_dir = tmp / "state"
         self.state_dir.mkdir()
@@ -158,8 +161,9 @@ timeout = 10
 """, state=f"events_max_bytes = {EVENTS_MAX}\n")
 
     def start_watchdog(self) -> WatchdogProcess:
-        self.watchdog = WatchdogProcess(self.server.url, self.state_dir, self.config(),
-                                        metrics_port=self.metrics_port).start()
+        path = os.pathsep.join(p for p in (str(CLOCK_STEP), os.environ.get("PYTHONPATH", "")) if p)
+        self.watchdog = WatchdogProcess(self.server.url, self.state_dir, self.config(), metrics_port=self.metrics_port,
+                                        env={"PYTHONPATH": path, "WATCHDOG_TEST_CLOCK": str(self.clock_file)}).start()
         self.lives.append(Life(self.watchdog.pid))
         return self.watchdog
 
@@ -182,6 +186,7 @@ timeout = 10
             self.watchdog.stop()
         self.inject.write_text("")
         self.fail_flag.write_text("")
+        self.clock_file.write_text("0")
         pid = read_pid(self.server.pidfile)
         if pid is not None:
             stop_group(pid)

@@ -1,11 +1,13 @@
 """The storm's faults: each makes one thing go wrong, waits (bounded) for what the watchdog must do about it, and
 undoes itself whatever happens. Each returns a line saying what came of it and records its incidents in the run.
 
-Faults of the engine's own making (`tests/harness/inject`): ``diverge`` (the ranks diverge at a collective) and
-``crash`` (a request the sampler dies of). From outside: a stopped or killed rank, a killed API server. Around the
-engine: the receiver slow or down, the state directory full, a restart that fails, and the
-watchdog itself SIGKILLed during a capture, a restart and a proof. With the engine well (nothing may open): the
-watchdog SIGKILLed, the receiver down.
+Faults of the engine's own making (`tests/harness/inject`): ``diverge`` (the ranks diverge at a collective),
+``crash`` (a request the sampler dies of), ``page_garbage`` and ``page_hang`` (the API server's /metrics answers
+garbage or hangs, the engine serving on: blind, never restarted). From outside: a stopped or killed rank, a killed
+API server. Around the engine: the receiver slow or down, the state directory full, a restart that fails, the
+watchdog's wall clock stepped an hour on during a proof and back while calm (``clock_step``,
+`tests/harness/clock_step`), and the watchdog itself SIGKILLed during a capture, a restart and a proof. With the
+engine well (nothing may open): the watchdog SIGKILLed, the receiver down.
 """
 
 from __future__ import annotations
@@ -229,11 +231,51 @@ def receiver_down_calm(s: Storm, run: FaultRun) -> str:
     return "receiver down for 15s while calm; no incident"
 
 
+def _blind_page(s: Storm, run: FaultRun, fault: str) -> str:
+    """The page unreadable, the engine well: a blind incident once the page is unseen for ``blind_after``, resolved
+    when it is seen again, and nothing restarted."""
+    with _injected(s, fault):
+        opened = s.wait_event("incident_opened", run.started, 90, where=lambda e: e.get("unseen") == "page")
+    inc = str(opened["incident"])
+    run.incidents.append(inc)
+    s.wait_event("resolved", run.started, 60, incident=inc)
+    restarts = [e for e in s.events() if e.get("event") == "restart_started" and _t(e) >= run.started]
+    assert not restarts, f"restarted over a page it could not read: {restarts}"
+    return f"{inc}: blind ({opened.get('why')}), resolved once seen, nothing restarted"
+
+
+def page_garbage(s: Storm, run: FaultRun) -> str:
+    return _blind_page(s, run, "page_garbage")
+
+
+def page_hang(s: Storm, run: FaultRun) -> str:
+    return _blind_page(s, run, "page_hang")
+
+
+def clock_step(s: Storm, run: FaultRun) -> str:
+    """The wall clock stepped an hour on while a restart is being proved (NTP on a host whose clock was behind):
+    no wait ends early, one restart, recovered; then stepped back while calm: nothing opens."""
+    s.clock_file.write_text("3600")
+    try:
+        with _rank_stopped(s, s.rng.randrange(2)):
+            inc = _opened(s, run, "frozen")
+            s.wait_event("restart_started", run.started, RESTART_WAIT, incident=inc)
+        out = _recovered(s, run, inc)
+        failed = [e for e in s.events() if e.get("event") == "restart_failed" and e.get("incident") == inc]
+        assert not failed, f"a step of the wall clock failed the restart: {failed}"
+        s.settle()
+    finally:
+        s.clock_file.write_text("0")
+    time.sleep(1)
+    _no_incident(s, run, 12)  # the step back: an opening now would have a time after the fault's start
+    return f"an hour ahead: {out}; stepped back while calm: nothing opened"
+
+
 FAULTS: dict[str, Callable[[Storm, FaultRun], str]] = {
     f.__name__: f for f in (stop_rank, kill_rank, kill_api_server, diverge, crash, failed_restart,
                             receiver_down, slow_receiver, disk_full, kill_watchdog_in_capture,
                             kill_watchdog_in_restart, kill_watchdog_in_proof, kill_watchdog_calm,
-                            receiver_down_calm)
+                            receiver_down_calm, page_garbage, page_hang, clock_step)
 }
 # once each kind has run, the commonest faults come more often
 WEIGHTS = {"stop_rank": 2, "diverge": 2}

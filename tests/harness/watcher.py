@@ -24,8 +24,9 @@ def quick_config(suspect: float, window: float, probe: float, extra: str = "", s
 class WatchdogProcess:
     """`python -m watchdog run` in its own session, with a config of the test's choosing."""
 
-    def __init__(self, url: str, state_dir: Path, config_text: str = "", metrics_port: int = 0) -> None:
-        self.url = url
+    def __init__(self, url: str, state_dir: Path, config_text: str = "", metrics_port: int = 0,
+                 env: dict[str, str] | None = None) -> None:
+        self.url, self.env = url, env
         self.state_dir = state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.config = state_dir / "watchdog.toml"
@@ -61,6 +62,7 @@ class WatchdogProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
         finally:
             log.close()

@@ -85,6 +85,7 @@ def book(inc: Incident | None = None, restarts: tuple[float, ...] = (), **kw: An
 
 
 NOTHING: list[str] = []
+HELD_SAID = "hold: the stacks show the engine working (moving between captures)"
 OPENED = ["save", "event:incident_opened"]
 RESTART = ["save", "event:restart_started", "alert:restart_started", "restart"]
 RESOLVED = ["save", "event:resolved", "alert:resolved"]
@@ -124,9 +125,9 @@ TABLE = [
         StacksSaid("0", Decision.WORKING, None, {}, final=False), ["save"], Phase.EVIDENCE),
     Row("another incident's bundle does not end a down one's wait", book(incident(Phase.EVIDENCE, Kind.DOWN)),
         StacksSaid("0", Decision.STUCK, "/b/x", {}, incident="other"), NOTHING, Phase.EVIDENCE),
-    Row("waiting for the bundle: nothing decided", book(incident(Phase.EVIDENCE), evidence_until=W0 + 5),
+    Row("waiting for the bundle: nothing decided", book(incident(Phase.EVIDENCE), evidence_until=M0 + 5),
         tick(State.FROZEN, 50), NOTHING, Phase.EVIDENCE),
-    Row("the bundle never came: decided at the timeout", book(incident(Phase.EVIDENCE), evidence_until=W0),
+    Row("the bundle never came: decided at the timeout", book(incident(Phase.EVIDENCE), evidence_until=M0),
         tick(State.FROZEN, 50), RESTART, Phase.RESTARTING),
     Row("the stacks show work: held", book(incident(evidence=Decision.WORKING)), tick(State.FROZEN, 50),
         ["save", "event:restart_held", "say"], Phase.HELD),
@@ -178,6 +179,21 @@ TABLE = [
                                                                     restart_started=W0 - 5)),
         Resumed(), ["say", "event:incident_resumed", "save", "prove"], Phase.PROVING),
     Row("resumed with nothing open: nothing", book(), Resumed(), NOTHING, None),
+    # a step of the wall clock (NTP on a host whose clock was off) moves no wait: they are on the judge's clock
+    Row("the wall clock stepped on an hour: the bundle still awaited", book(incident(Phase.EVIDENCE),
+        evidence_until=M0 + 5), tick(State.FROZEN, 50), NOTHING, Phase.EVIDENCE, wall=W0 + 3600),
+    Row("the wall clock stepped on an hour: still held", book(incident(Phase.HELD, evidence=Decision.WORKING,
+        held_since=W0 - 10), held_mono=("i-1", M0 - 10), said=HELD_SAID), tick(State.FROZEN, 400), NOTHING, Phase.HELD,
+        wall=W0 + 3600),
+    Row("the wall clock stepped back an hour: held past hold_max, restarted", book(incident(Phase.HELD,
+        evidence=Decision.WORKING, held_since=W0 - 300), held_mono=("i-1", M0 - 300), said=HELD_SAID),
+        tick(State.FROZEN, 400), ["event:hold_ended", *RESTART], Phase.RESTARTING, wall=W0 - 3600),
+    Row("the wall clock stepped on an hour: progress from before the opening still does not clear it",
+        book(incident(Phase.OBSERVING), said="x", opened_mono=("i-1", M0 - 10)), tick(State.WORKING, moved=M0 - 30),
+        NOTHING, Phase.OBSERVING, wall=W0 + 3600),
+    Row("the wall clock stepped back an hour: progress since the opening clears it",
+        book(incident(Phase.OBSERVING), said="x", opened_mono=("i-1", M0 - 10)), tick(State.WORKING, moved=M0 - 5),
+        RESOLVED, None, wall=W0 - 3600),
     Row("a node unseen for blind_after: a blind incident beside", book(unseen_since={"node:worker1": M0 - 60}),
         Sighted((verdict(State.IDLE),), (LOST,), M0, False, "beef"),
         ["save", "say", "event:incident_opened", "alert:blind"], None),
@@ -210,6 +226,21 @@ def test_a_blind_incident_resolves_when_seen_and_never_restarts() -> None:
     assert not any(isinstance(c, Restart | Prove) for c in commands)
 
 
+@pytest.mark.parametrize(("started", "left"), [(W0 - 5, 595.0), (W0 - 700, 0.0), (W0 + 3600, 600.0)])
+def test_a_resumed_recovery_waits_what_is_left_of_one_boot_timeout(started: float, left: float) -> None:
+    """The walls of an earlier life are read once: what is left of the boot timeout, never more than one (the
+    clock stepped back since) nor less than nothing."""
+    _, commands = step(book(incident(Phase.RESTARTING, attempts=1, restart_started=started)), Resumed(), S, W0)
+    [job] = [c.job for c in commands if isinstance(c, Prove)]
+    assert job.timeout == left and not job.restart
+
+
+def test_a_restart_waits_one_boot_timeout_whatever_the_wall_clock_says() -> None:
+    _, commands = step(book(incident(), said="x"), tick(State.FROZEN, 50), S, W0 + 3600)
+    [job] = [c.job for c in commands if isinstance(c, Restart)]
+    assert job.timeout == S.boot_timeout and job.restart
+
+
 # -- random sequences ------------------------------------------------------------------------------------------------
 
 STATES = [State.IDLE, State.WORKING, State.SUSPECT, State.STARTING, State.BLIND, *[State.FROZEN, State.DOWN] * 3]
@@ -223,12 +254,13 @@ moves = st.one_of(
     st.tuples(st.just("sight"), st.booleans()),
     st.tuples(st.just("resume")),
 )
+steps = st.sampled_from([0.0] * 12 + [3600.0, -3600.0])  # now and then the wall clock steps (the monotonic one never)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(moves, st.sampled_from([1.0, 5, 31, 120, 400])), min_size=30, max_size=80), st.booleans(),
-       rarely)
-def test_random_event_sequences_keep_the_promises(seq: list[tuple[tuple[Any, ...], float]], capture: bool,
+@given(st.lists(st.tuples(moves, st.sampled_from([1.0, 5, 31, 120, 400]), steps), min_size=30, max_size=80),
+       st.booleans(), rarely)
+def test_random_event_sequences_keep_the_promises(seq: list[tuple[tuple[Any, ...], float, float]], capture: bool,
                                                   supervised: bool) -> None:
     s = replace(S, capture=capture, down_bundles=capture, supervised=supervised)
     b, wall, mono = Book(), W0, M0
@@ -236,8 +268,8 @@ def test_random_event_sequences_keep_the_promises(seq: list[tuple[tuple[Any, ...
     recovering = "restarting"
     closed: set[str] = set()
     opened: list[str] = []
-    for n, (move, dt) in enumerate(seq):
-        wall, mono = wall + dt, mono + dt
+    for n, (move, dt, jump) in enumerate(seq):
+        wall, mono = wall + dt + jump, mono + dt
         ev: Event
         if move[0] == "tick":
             _, state, ago, paused, only = move

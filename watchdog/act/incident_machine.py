@@ -11,8 +11,9 @@ policy (`watchdog.act.policy.choose`): restart, wait, hold, give up or only watc
 is decided; it ends ``recovered`` then ``resolved``, or ``restart_failed`` and back to deciding. An incident that
 clears by itself is ``resolved``. Blind incidents (`watchdog.act.incident_sight`) sit beside it and never restart.
 
-Time arrives as data: ``wall`` (the wall clock, for ids, payloads and the budget) and each event's ``mono`` (the
-judge's clock, for verdicts). Ids take the event's nonce: the same inputs give the same outputs.
+Time arrives as data: ``wall`` (the wall clock, for ids, payloads and the budget, which outlive the process) and
+each event's ``mono`` (the judge's clock, for verdicts and every wait: the bundle's, a hold's, the boot timeout's; a
+step of the wall clock moves none of them). Ids take the event's nonce: the same inputs give the same outputs.
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def _resumed(d: Draft) -> None:
     d.out.append(Say(f"resuming incident {inc.id} ({inc.kind.value}, phase {inc.phase.value})"))
     d.emit(inc, "incident_resumed", phase=inc.phase.value)
     if inc.phase in ACTIVE:  # caught mid-recovery: it goes on waiting, never restarts
-        started = inc.restart_started or inc.detected
+        started = inc.restart_started or inc.detected  # walls of an earlier life: read once, and bounded
         inc = d.keep(replace(inc, phase=Phase.PROVING))
         d.save()
-        d.out.append(Prove(RecoveryJob(inc.id, False, started + d.s.boot_timeout)))
+        d.out.append(Prove(RecoveryJob(inc.id, False, min(d.s.boot_timeout, max(0.0, started + d.s.boot_timeout
+                                                                                   - d.wall)))))
 
 
 def _tick(d: Draft, ev: Tick) -> None:
@@ -105,7 +107,7 @@ def _tick(d: Draft, ev: Tick) -> None:
         return  # nothing else is decided for the stack until the recovery reports
     if _cleared(d, inc):
         _resolve(d, inc, CLEARED)
-    elif (inc.phase != Phase.EVIDENCE or d.wall >= d.book.evidence_until) and _confirmed(d, inc):
+    elif (inc.phase != Phase.EVIDENCE or d.book.mono >= d.book.evidence_until) and _confirmed(d, inc):
         _decide(d, inc)
 
 
@@ -156,7 +158,7 @@ def _open(d: Draft, kind: Kind, v: Verdict) -> None:
     bundled = (kind == Kind.FROZEN and d.s.capture) or (kind == Kind.DOWN and d.s.down_bundles)
     inc = Incident(d.new_id(d.wall, v.engine, kind), v.engine, kind, d.wall, v.reason,
                    Phase.EVIDENCE if bundled else Phase.OPEN)
-    d.keep(inc, said="", evidence_until=d.wall + d.s.evidence_timeout)
+    d.keep(inc, said="", evidence_until=d.book.mono + d.s.evidence_timeout, opened_mono=(inc.id, d.book.mono))
     d.save()
     d.emit(inc, "incident_opened", reason=v.reason)
     inc = d.keep(replace(inc, in_hand=in_hand(_ruling(d, inc, paused=False).choice)))  # in the budget: no page
@@ -184,9 +186,14 @@ def _cleared(d: Draft, inc: Incident) -> bool:
     v = d.book.verdicts.get(inc.engine)
     if v is None or v.stacks_only:
         return False
-    opened = d.book.mono - (d.wall - inc.detected)  # the judge's clock is the host's monotonic one
+    opened = _since(d.book.opened_mono, inc.id, d.book.mono - (d.wall - inc.detected))
     return v.state == State.IDLE or (v.state == State.WORKING and v.last_progress is not None
                                      and v.last_progress >= opened)
+
+
+def _since(mark: tuple[str, float] | None, incident: str, otherwise: float) -> float:
+    """The monotonic time ``mark`` holds for ``incident``, or (an incident of an earlier life) ``otherwise``."""
+    return mark[1] if mark is not None and mark[0] == incident else otherwise
 
 
 def _confirmed(d: Draft, inc: Incident) -> bool:
@@ -211,16 +218,19 @@ def _ruling(d: Draft, inc: Incident, working: bool = False, paused: bool | None 
 
 def _decide(d: Draft, inc: Incident) -> None:
     working = inc.evidence == Decision.WORKING
-    if working and inc.held_since is not None and d.wall - inc.held_since >= d.s.hold_max:
+    held = None if inc.held_since is None else \
+        d.book.mono - _since(d.book.held_mono, inc.id, d.book.mono - (d.wall - inc.held_since))
+    if working and held is not None and held >= d.s.hold_max:
         working = False
         if d.book.said != "held too long":
             d.update(said="held too long")
-            d.emit(inc, "hold_ended", reason=f"held {d.wall - inc.held_since:.0f}s without progress")
+            d.emit(inc, "hold_ended", reason=f"held {held:.0f}s without progress")
     r = _ruling(d, inc, working)
     if r.choice != Choice.PAUSED:  # once out of hand (a human is needed) it pages; a pause only waits
         inc = replace(inc, in_hand=inc.in_hand and in_hand(r.choice))
     if r.choice == Choice.HOLD and inc.held_since is None:
         inc = replace(inc, held_since=d.wall)
+        d.update(held_mono=(inc.id, d.book.mono))
     d.keep(inc)
     if r.choice == Choice.RESTART:
         _restart(d, inc)
@@ -229,7 +239,7 @@ def _decide(d: Draft, inc: Incident) -> None:
         d.keep(inc)
         d.save()
         d.emit(inc, "awaiting_supervisor", reason=r.reason)
-        d.out.append(Prove(RecoveryJob(inc.id, False, d.wall + d.s.boot_timeout)))
+        d.out.append(Prove(RecoveryJob(inc.id, False, d.s.boot_timeout)))
     elif r.choice == Choice.GIVE_UP:
         if inc.phase != Phase.GAVE_UP:
             _give_up(d, inc, r)
@@ -272,7 +282,7 @@ def _restart(d: Draft, inc: Incident) -> None:
     d.emit(inc, "restart_started", attempt=inc.attempts, budget_left=left, plan=list(d.s.plan))
     d.notify(inc, "restart_started", f"restart {inc.attempts} issued ({left} left in the budget)",
              {"kind": inc.kind.value, "attempt": inc.attempts, "budget_left": left})
-    d.out.append(Restart(RecoveryJob(inc.id, True, d.wall + d.s.boot_timeout)))
+    d.out.append(Restart(RecoveryJob(inc.id, True, d.s.boot_timeout)))
 
 
 def _recovery_ended(d: Draft, done: RecoveryEnded) -> None:

@@ -61,7 +61,7 @@ class Incident:
 class RecoveryJob:
     incident: str
     restart: bool  # False: only wait for the engine to serve (its supervisor restarts it, or we were restarted)
-    deadline: float  # wall time by which the engine must serve
+    timeout: float  # seconds from the job's start (the runner's monotonic clock) by which the engine must serve
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +126,11 @@ class Book:
     mono: float = 0.0  # the last pass's monotonic time (the judge's clock)
     said: str = ""  # the last decision announced for the open incident (each said once)
     quiet_since: float | None = None  # monotonic time the last incident ended: verdicts begun before are spent
-    evidence_until: float = 0.0  # wall time the open incident stops waiting for its bundle
+    evidence_until: float = 0.0  # monotonic time the open incident stops waiting for its bundle
+    # (incident id, monotonic time) it opened and its restart was first held, in this process: durations on the
+    # judge's clock, which a step of the wall clock does not move (an incident resumed from disk has only walls)
+    opened_mono: tuple[str, float] | None = None
+    held_mono: tuple[str, float] | None = None
     stacks_said: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # engine -> (headline, runbook)
     unseen_since: Mapping[str, float] = field(default_factory=dict)  # blind: what -> monotonic time first unseen
     unseen: tuple[Unseen, ...] = ()  # blind: everything not seen in the last pass of sight

@@ -235,9 +235,10 @@ class RecoveryRunner:
     """Restart (``restarter``; None: no steps configured, a job that asks for a restart fails), then prove."""
 
     def __init__(self, restarter: Restarter | None, generate: Generate, retry: float,
-                 wall: Callable[[], float] = time.time, log_every: float = 30.0) -> None:
+                 wall: Callable[[], float] = time.time, log_every: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.restarter, self._generate, self._retry = restarter, generate, retry
-        self._wall, self._log_every = wall, log_every
+        self._wall, self._log_every, self._clock = wall, log_every, clock
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._done: RecoveryDone | None = None
@@ -280,6 +281,7 @@ class RecoveryRunner:
 
     def _recover(self, job: RecoveryJob) -> RecoveryDone:
         steps_took, outcome = 0.0, None
+        ends = self._clock() + job.timeout  # on the monotonic clock: a step of the wall clock is no boot timeout
         if job.restart:
             self.progress = Progress("restarting", self._wall())
             if self.restarter is None:
@@ -290,26 +292,26 @@ class RecoveryRunner:
                 last = outcome.results[-1] if outcome.results else None
                 why = f"{outcome.failed}: {last.error}" if last is not None else outcome.failed
                 return RecoveryDone(job, False, "steps", why, steps_duration=steps_took, outcome=outcome)
-        started = self._wall()
+        started, began = self._wall(), self._clock()
         self.progress = Progress("proving", started, outcome=outcome)
-        next_log, tries = started + self._log_every, 0
+        next_log, tries = began + self._log_every, 0
         # not tenacity, though it retries one call: each try also updates `progress` and the periodic log, and a cancel
         # must end the wait with no further try, which a Retrying says only through three callbacks
         while not self._cancel.is_set():
             ok, _answered, detail = self._generate()
             tries += 1
-            now = self._wall()
+            now = self._clock()
             self.progress = Progress("proving", started, detail, tries, outcome)
             if ok:
-                log.info("incident %s: the engine serves again (%s) after %.0fs", job.incident, detail, now - started)
-                return RecoveryDone(job, True, "ready", detail, now, steps_took, outcome)
-            if now >= job.deadline:
+                log.info("incident %s: the engine serves again (%s) after %.0fs", job.incident, detail, now - began)
+                return RecoveryDone(job, True, "ready", detail, self._wall(), steps_took, outcome)
+            if now >= ends:
                 return RecoveryDone(job, False, "ready", f"not serving by the boot timeout; last try: {detail}",
                                     steps_duration=steps_took, outcome=outcome)
             if now >= next_log:
                 log.info("incident %s: waiting for the engine to serve: %.0fs so far, %.0fs left; last try: %s",
-                         job.incident, now - started, job.deadline - now, detail)
+                         job.incident, now - began, ends - now, detail)
                 next_log = now + self._log_every
-            self._cancel.wait(min(self._retry, max(0.0, job.deadline - now)))
+            self._cancel.wait(min(self._retry, max(0.0, ends - now)))
         return RecoveryDone(job, False, "ready", "stopped while waiting for the engine", steps_duration=steps_took,
                             outcome=outcome)

@@ -166,7 +166,7 @@ def _act_stage(parts: Parts, cfg: Config, state_dir: Path, http: EngineHTTP, hoo
         ok, answered, detail, _model = generate_once(http, cfg.probe.timeout, cfg.probe.model)
         return ok, answered, detail
 
-    parts.recovery = RecoveryRunner(restarter, generate, cfg.probe.retry, clock.wall)
+    parts.recovery = RecoveryRunner(restarter, generate, cfg.probe.retry, clock.wall, clock=clock.mono)
     plan = describe(cfg.restart, cfg.nodes) if cfg.restart.steps else []
     parts.responder = Responder(cfg, state_dir, parts, parts.recovery, hooks.event, plan, clock.wall,
                                 hooks.bundle if parts.evidence is not None else None)

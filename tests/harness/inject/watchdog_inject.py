@@ -32,6 +32,8 @@ WATCHDOG_TEST_INJECT names the flag file; its content is the fault, read again a
   (`watchdog_inject_gpu.illegal_access`): ``CUDA error: an illegal memory access was encountered`` at the next
   synchronisation, in EngineCore. On the CPU build torch checks the same access and refuses it: ``IndexError:
   index ... is out of bounds``, raised in each worker's sampler; EngineCore dies of the failed step.
+- ``page_garbage``, ``page_hang``: the API server's ``/metrics`` answers garbage or hangs
+  (`watchdog_inject_page`); the engine serves on.
 - anything else, an empty file or no file: no fault; vLLM behaves as shipped.
 
 The modules are patched right after they are imported (a meta-path finder), in whichever process imports them.
@@ -278,9 +280,16 @@ def _patch_penalties(module: ModuleType) -> None:
     _announce(PENALTIES)
 
 
+def _patch_page(module: ModuleType) -> None:
+    import watchdog_inject_page
+
+    watchdog_inject_page.patch(module, mode)
+    _announce("prometheus_client.make_asgi_app")
+
+
 PATCHES: dict[str, Callable[[ModuleType], None]] = {SCHEDULER: _patch_scheduler, RING: _patch_ring,
                                                      WORKER: _patch_worker, SAMPLER: _patch_sampler,
-                                                     PENALTIES: _patch_penalties}
+                                                     PENALTIES: _patch_penalties, "prometheus_client": _patch_page}
 
 
 class _Loader(importlib.abc.Loader):
