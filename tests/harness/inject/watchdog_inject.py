@@ -284,12 +284,13 @@ def _patch_page(module: ModuleType) -> None:
     import watchdog_inject_page
 
     watchdog_inject_page.patch(module, mode)
-    _announce("prometheus_client.make_asgi_app")
+    _announce(watchdog_inject_page.MODULE)
 
 
 PATCHES: dict[str, Callable[[ModuleType], None]] = {SCHEDULER: _patch_scheduler, RING: _patch_ring,
                                                      WORKER: _patch_worker, SAMPLER: _patch_sampler,
-                                                     PENALTIES: _patch_penalties, "prometheus_client": _patch_page}
+                                                     PENALTIES: _patch_penalties,
+                                                     "vllm.entrypoints.serve.instrumentator.metrics": _patch_page}
 
 
 class _Loader(importlib.abc.Loader):
