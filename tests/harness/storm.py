@@ -265,9 +265,9 @@ timeout = 10
     # -- the run ---------------------------------------------------------------------------------------------------
 
     def run(self, seconds: float, names: list[str] | None = None) -> None:
-        from tests.harness.storm_faults import FAULTS, OPT_IN, WEIGHTS
+        from tests.harness.storm_faults import FAULTS, WEIGHTS
 
-        pool = names or [n for n in FAULTS if n not in OPT_IN]
+        pool = names or list(FAULTS)
         if "disk_full" in pool and not self.tmpfs:
             pool.remove("disk_full")
         order = list(pool)

@@ -250,8 +250,9 @@ def page_garbage(s: Storm, run: FaultRun) -> str:
 
 
 def page_hang(s: Storm, run: FaultRun) -> str:
-    """Not drawn unless named (``OPT_IN``): today the watchdog calls a /metrics that accepts the connection and never
-    answers ``down`` ("the API server stopped answering") and restarts, though the server serves on."""
+    """Only /metrics held, /health and the engine serving on: the watchdog asks /health after the page's silence,
+    finds the server answering and calls the page blind (``page_hangs``), not the server down (found by this storm:
+    it restarted a serving engine)."""
     return _blind_page(s, run, "page_hang")
 
 
@@ -280,6 +281,5 @@ FAULTS: dict[str, Callable[[Storm, FaultRun], str]] = {
                             kill_watchdog_in_restart, kill_watchdog_in_proof, kill_watchdog_calm,
                             receiver_down_calm, page_garbage, page_hang, clock_step)
 }
-OPT_IN = frozenset({"page_hang"})  # run only when named in WATCHDOG_STORM_FAULTS (see page_hang)
 # once each kind has run, the commonest faults come more often
 WEIGHTS = {"stop_rank": 2, "diverge": 2}

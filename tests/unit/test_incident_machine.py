@@ -241,6 +241,23 @@ def test_a_restart_waits_one_boot_timeout_whatever_the_wall_clock_says() -> None
     assert job.timeout == S.boot_timeout and job.restart
 
 
+def test_walls_ahead_of_a_clock_stepped_back_count_from_now() -> None:
+    """Found by the storm (seed 528390879): a restart issued while the wall clock was an hour ahead, the clock then
+    stepped back, held the next incident's restart for an hour of backoff. It is moved to now, once: one backoff."""
+    ahead = book(incident(Kind.DOWN), restarts=(W0 + 3600,), said="x")
+    b, commands = step(ahead, tick(State.DOWN, 50), S, W0)
+    assert b.memory.restarts == (W0,)
+    assert "say" in said(commands) and not any(isinstance(c, Restart) for c in commands)
+    assert any(isinstance(c, Emit) and c.fields.get("choice") == "wait" and "in 60s" in c.fields["reason"]
+               for c in commands), said(commands)
+    b, commands = step(b, tick(State.DOWN, 111, at=M0 + 61), S, W0 + 61)
+    assert any(isinstance(c, Restart) for c in commands), said(commands)
+    gave = book(gave_up=GaveUp(W0 + 3600, "i-0", "budget spent"))
+    b, _ = step(gave, tick(State.IDLE), S, W0)
+    assert b.memory.gave_up is not None and b.memory.gave_up.at == W0  # so a reset from now on clears it
+    assert step(b, tick(State.IDLE), S, W0)[1] == []  # moved once: nothing more to say
+
+
 # -- random sequences ------------------------------------------------------------------------------------------------
 
 STATES = [State.IDLE, State.WORKING, State.SUSPECT, State.STARTING, State.BLIND, *[State.FROZEN, State.DOWN] * 3]

@@ -220,7 +220,7 @@ def test_before_any_page_failures_are_reported_for_the_server() -> None:
 
 
 @pytest.mark.parametrize("kind", ["html", "too_big", "trickle", "truncated", "malformed", "duplicate", "redirects",
-                                  "http_status", "not_text"])
+                                  "http_status", "not_text", "page_hangs"])
 def test_unreadable_pages_are_blind_never_healthy(kind: str) -> None:
     j = ready_judge()
     j.observe(failed(5, kind, "details"))
@@ -462,7 +462,8 @@ def test_a_suspicion_the_stacks_could_not_decide_is_looked_at_again() -> None:
     assert not any(j2.wants_stacks(t) for t in range(21, 200))
 
 
-def test_a_frozen_engine_whose_page_turns_unreadable_stays_frozen() -> None:
+@pytest.mark.parametrize("kind", ["trickle", "page_hangs"])
+def test_a_frozen_engine_whose_page_turns_unreadable_stays_frozen(kind: str) -> None:
     """Seen in a clean CI run (vLLM 0.32 on CPU, an admission stall): the stacks confirmed the freeze, then the
     stalled engine starved its own API server and the next page trickled in for 10 s. `blind` there ended the freeze
     before the pass that would open its incident: no alert, no restart for as long as the page stayed unreadable,
@@ -473,11 +474,11 @@ def test_a_frozen_engine_whose_page_turns_unreadable_stays_frozen() -> None:
     assert states(j) == {"0": State.FROZEN}
     since = j.verdicts()[0].since
     for t in (50, 51):
-        assert j.observe(failed(t, "trickle", "the page not complete after 10s")) == []
+        assert j.observe(failed(t, kind, "the page not complete after 10s")) == []
     v = j.verdicts()[0]
     assert v.state == State.FROZEN and v.since == since and v.stalled_for == 51 - 2  # the stall goes on counting
-    assert says(v.reason, "page", "cannot be read", "trickle"), v.reason
-    assert v.reason.count("trickle") == 1  # said once, however long it lasts
+    assert says(v.reason, "page", "cannot be read", kind), v.reason
+    assert v.reason.count(kind) == 1  # said once, however long it lasts
     assert j.observe(failed(52, "refused", "nothing listening"))[0].to_state == State.DOWN  # gone is still down
     j = ready_judge()
     for t in range(2, 50):

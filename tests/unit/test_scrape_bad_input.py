@@ -432,6 +432,43 @@ def test_server_that_stops_answering_after_answering_is_down(server: LocalServer
     assert "stopped answering" in v.reason
 
 
+def _page_hangs(health: int) -> Behaviour:
+    def behaviour(h: Handler) -> None:
+        if h.path.startswith("/metrics"):
+            _hang(h)
+        else:
+            h.reply(health, b"", content_type=None)
+
+    return behaviour
+
+
+def test_a_page_that_hangs_while_health_answers_is_blind_not_down(server: LocalServer) -> None:
+    """Seen in the storm: a /metrics held by its route (the instrumentator's, a proxy's), /health and the engine
+    serving on, was called down and the serving engine restarted. The page's silence is asked about at /health."""
+    body = REAL_PAGE.read_bytes()
+    server.behaviour = lambda h: h.reply(200, body)
+    first = fetch(server.url)
+    server.behaviour = _page_hangs(200)
+    second = fetch(server.url, read_timeout=0.5)
+    assert_failed(second, "page_hangs", "sent no response", "/health answered 200", "its page is stuck")
+    v = only(judged(first, second))
+    assert (v.engine, v.state) == ("0", State.BLIND), v
+    assert "page_hangs" in v.reason
+    assert_server_state(second, State.BLIND, "page_hangs")  # never answered before: blind, not still loading
+
+
+def test_a_page_that_hangs_while_health_fails_is_still_down(server: LocalServer) -> None:
+    body = REAL_PAGE.read_bytes()
+    server.behaviour = lambda h: h.reply(200, body)
+    first = fetch(server.url)
+    server.behaviour = _page_hangs(503)
+    second = fetch(server.url, read_timeout=0.5)
+    assert_failed(second, "no_answer", "sent no response")
+    assert "/health" not in second.error
+    v = only(judged(first, second))
+    assert (v.engine, v.state) == ("0", State.DOWN), v
+
+
 def test_headers_then_silence_is_no_answer(server: LocalServer) -> None:
     def headers_only(h: Handler) -> None:
         h.send_response(200)

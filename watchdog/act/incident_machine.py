@@ -92,6 +92,7 @@ def _resumed(d: Draft) -> None:
 
 def _tick(d: Draft, ev: Tick) -> None:
     d.update(verdicts={v.engine: v for v in ev.verdicts}, mono=ev.mono, paused=ev.paused, reset_at=ev.reset_at)
+    _walls_ahead(d)
     if ev.ended is not None:
         _recovery_ended(d, ev.ended)
     inc = d.memory.incident
@@ -109,6 +110,21 @@ def _tick(d: Draft, ev: Tick) -> None:
         _resolve(d, inc, CLEARED)
     elif (inc.phase != Phase.EVIDENCE or d.book.mono >= d.book.evidence_until) and _confirmed(d, inc):
         _decide(d, inc)
+
+
+def _walls_ahead(d: Draft) -> None:
+    """Walls remembered ahead of the clock (it stepped back since: NTP on a host whose clock ran ahead) are moved to
+    now, once: a restart an hour "in the future" would hold the next one an hour in backoff, and a give-up there
+    would outlive `watchdog reset` (found by the storm, seed 528390879: a down engine left unrestarted)."""
+    m, now = d.memory, d.wall
+    ahead = [t for t in m.restarts if t > now] + ([m.gave_up.at] if m.gave_up and m.gave_up.at > now else [])
+    if not ahead:
+        return
+    d.remember(restarts=tuple(min(t, now) for t in m.restarts),
+               gave_up=m.gave_up and replace(m.gave_up, at=min(m.gave_up.at, now)))
+    d.save()
+    d.out.append(Say(f"the wall clock is {max(ahead) - now:.0f}s behind what was remembered (it stepped back): "
+                     "the restarts and the give-up recorded ahead of it count from now"))
 
 
 def _stacks(d: Draft, ev: StacksSaid) -> None:

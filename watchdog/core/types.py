@@ -43,6 +43,7 @@ class PageReading:
 # Scrape error kinds, grouped by what they say about the server.
 DOWN_KINDS = frozenset({"refused", "unreachable", "http_5xx"})
 NO_ANSWER = "no_answer"  # connected, but no response in time: still loading, or the API server is hung
+PAGE_HANGS = "page_hangs"  # /metrics gave no answer in time while /health answered: the page alone is stuck
 
 
 @dataclass(frozen=True, slots=True)

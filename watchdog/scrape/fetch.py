@@ -9,6 +9,10 @@ filter. vLLM 0.32 answers ``/metrics`` from prometheus-fastapi-instrumentator's 
 API server and for us (bench/bench_page_filter.py). A server that does not filter is found and read whole: the
 filtered answer is checked against the whole page when the filter is first used and every ``RECHECK`` seconds,
 and any answer of the filtered path that cannot be used is retried whole at once.
+
+A page that gives no answer in time is not yet a server that stopped answering: ``/health`` is asked (a short
+wait). If it answers 200, the API server serves and only its page is stuck (``page_hangs``: the judge cannot see,
+so blind, and a confirmed freeze stays frozen); if it does not, the kind stays ``no_answer``.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from urllib.parse import urlencode
 
-from watchdog.core.types import NO_ANSWER, HttpLimits, PageReading, Scrape
+from watchdog.core.types import NO_ANSWER, PAGE_HANGS, HttpLimits, PageReading, Scrape
 from watchdog.scrape.engine_http import LOST, EngineHTTP, HttpFailure
 from watchdog.scrape.page import WANTED_SAMPLES, PageError, read_page
 
@@ -30,6 +35,7 @@ RECHECK = 600.0  # seconds between checks of the filtered page against the whole
 # Failures that do not depend on the path asked (the server, or the way to it): never retried whole in the same pass.
 _TRANSPORT = frozenset({NO_ANSWER, "refused", "unreachable", "too_big", "trickle", "truncated"})
 _SMALLER = 0.8  # a filtered page at least this share of the whole one is not filtered (or came through a redirect)
+HEALTH_WAIT = 2.0  # seconds, at most, for /health's answer once the page gave none
 
 
 def _series(page: PageReading) -> set[tuple[str, str]]:
@@ -65,6 +71,23 @@ class MetricsFetcher:
         return self._clock() >= self._filter_from
 
     def scrape(self) -> Scrape:
+        got = self._scrape()
+        return self._health_answers(got) if got.error_kind == NO_ANSWER else got
+
+    def _health_answers(self, got: Scrape) -> Scrape:
+        """The page gave no answer: does the API server answer ``/health``? One short GET, its answer's body capped."""
+        wait = min(HEALTH_WAIT, self.http.limits.read_timeout)
+        try:
+            status = self.http.get("/health", read_timeout=wait, max_bytes=4096).status
+        except HttpFailure as f:
+            log.debug("/health after the page's silence: %s", f.message)
+            return got
+        if status != 200:
+            return got
+        return replace(got, error_kind=PAGE_HANGS, error=f"{got.error}; /health answered 200, so the API server "
+                       "serves but its page is stuck")
+
+    def _scrape(self) -> Scrape:
         t, wall = self._clock(), self._wall()
         if not self.filtering:
             return self._fetch(WHOLE, t, wall)
