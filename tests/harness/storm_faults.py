@@ -154,17 +154,20 @@ def disk_full(s: Storm, run: FaultRun) -> str:
         finally:
             os.close(fd)
         with _rank_stopped(s, 1):
-            deadline = time.monotonic() + 90
-            while not any(b.get("event") == "stall_detected" and _t_alert(b) >= run.started
-                          for b in s.receiver.bodies()):
+            deadline, earlier = time.monotonic() + 90, s.earlier()
+
+            def ours(b: dict[str, Any]) -> bool:
+                return (b.get("event") == "stall_detected" and _t_alert(b) >= run.started
+                        and b.get("incident_id") not in earlier)
+
+            while not any(ours(b) for b in s.receiver.bodies()):
                 assert time.monotonic() < deadline, "no stall alerted while the disk was full"
                 w = s.watchdog
                 assert w is not None and w.alive(), f"the watchdog died of a full disk:\n{w and w.log_tail()}"
                 time.sleep(0.3)
             filler.unlink()
             s.full.append((full_from, time.time()))
-            inc = next(str(b["incident_id"]) for b in s.receiver.bodies() if b.get("event") == "stall_detected"
-                       and _t_alert(b) >= run.started)
+            inc = next(str(b["incident_id"]) for b in s.receiver.bodies() if ours(b))
             run.incidents.append(inc)
             s.wait_event("restart_started", run.started, RESTART_WAIT, incident=inc)
     finally:
@@ -206,8 +209,9 @@ def _no_incident(s: Storm, run: FaultRun, seconds: float) -> None:
     """Nothing opens for ``seconds`` (but the fault's own incidents): the engine was never at fault."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        theirs = s.earlier() | set(run.incidents)
         opened = [e for e in s.events() if e.get("event") == "incident_opened" and _t(e) >= run.started
-                  and e.get("incident") not in run.incidents]
+                  and e.get("incident") not in theirs]
         assert not opened, f"an incident opened with nothing wrong with the engine: {opened}"
         time.sleep(0.5)
 
@@ -240,7 +244,9 @@ def _blind_page(s: Storm, run: FaultRun, fault: str) -> str:
     inc = str(opened["incident"])
     run.incidents.append(inc)
     s.wait_event("resolved", run.started, 60, incident=inc)
-    restarts = [e for e in s.events() if e.get("event") == "restart_started" and _t(e) >= run.started]
+    earlier = s.earlier()
+    restarts = [e for e in s.events() if e.get("event") == "restart_started" and _t(e) >= run.started
+                and e.get("incident") not in earlier]
     assert not restarts, f"restarted over a page it could not read: {restarts}"
     return f"{inc}: blind ({opened.get('why')}), resolved once seen, nothing restarted"
 
