@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -44,6 +45,9 @@ def main() -> int:
         storm.run(a.minutes * 60)
         final = storm.check()
         report = storm.report()
+        if report["problems"] or final:  # what the watchdog wrote, kept for the post-mortem (the run's dir goes)
+            shutil.copytree(storm.state_dir, a.out.parent / "storm-state", dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("storm-filler"))
     report.update({"minutes": a.minutes, "wall_s": round(time.time() - started), "final_problems": final})
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -182,7 +182,9 @@ def _t_alert(body: dict[str, Any]) -> float:
 
 def _killed_at(s: Storm, run: FaultRun, event: str) -> str:
     """A rank stopped; the watchdog SIGKILLed just after ``event`` and started again: the incident goes on, one
-    restart at most."""
+    restart at most. The rank stays stopped until the incident is over, as a real freeze stays: continued while the
+    steps (which outlive the watchdog here) were still stopping the old server, it served the new life's proof
+    before the steps took it down (seed 2035643017: recovered after 2 s, then a down incident of its own)."""
     with _rank_stopped(s, 0):
         inc = _opened(s, run, "frozen")
         if event != "incident_opened":
@@ -190,7 +192,7 @@ def _killed_at(s: Storm, run: FaultRun, event: str) -> str:
         s.kill_watchdog()
         if event == "incident_opened":
             s.wait_event("restart_started", run.started, RESTART_WAIT, incident=inc)
-    return f"killed after {event}; " + _recovered(s, run, inc)
+        return f"killed after {event}; " + _recovered(s, run, inc)
 
 
 def kill_watchdog_in_capture(s: Storm, run: FaultRun) -> str:
