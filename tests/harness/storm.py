@@ -55,6 +55,7 @@ class FaultRun:
     started: float  # wall
     ended: float = 0.0
     incidents: list[str] = field(default_factory=list)
+    restarts: int = 0  # restart_started of its incidents (counted as it ends: the event log rolls over)
     outcome: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -271,7 +272,8 @@ timeout = 10
 
     # -- the run ---------------------------------------------------------------------------------------------------
 
-    def run(self, seconds: float, names: list[str] | None = None) -> None:
+    def run(self, seconds: float, names: list[str] | None = None, min_faults: int = 0) -> None:
+        """Faults until ``seconds`` are up and at least ``min_faults`` have run (or the first problem)."""
         from tests.harness.storm_faults import FAULTS, WEIGHTS
 
         pool = names or list(FAULTS)
@@ -280,7 +282,7 @@ timeout = 10
         order = list(pool)
         self.rng.shuffle(order)  # every kind once first, then drawn by weight
         end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        while time.monotonic() < end or len(self.runs) < min_faults:
             name = order.pop(0) if order else self.rng.choices(pool, [WEIGHTS.get(n, 1) for n in pool])[0]
             run = FaultRun(name, time.time())
             self.runs.append(run)
@@ -290,6 +292,8 @@ timeout = 10
             except AssertionError as e:
                 run.problems.append(f"{name}: {e}")
             run.ended = time.time()
+            run.restarts = sum(e.get("event") == "restart_started" and e.get("incident") in run.incidents
+                               for e in self.events())
             self.drain()
             run.problems += self.check()
             if run.problems:
@@ -350,8 +354,8 @@ timeout = 10
             "faults": len(self.runs),
             "by_fault": {n: sum(r.name == n for r in self.runs) for n in sorted({r.name for r in self.runs})},
             "problems": [p for r in self.runs for p in r.problems],
-            "incidents": len({e["incident"] for e in self.events() if e.get("event") == "incident_opened"}),
-            "restarts": sum(e.get("event") == "restart_started" for e in self.events()),
+            "incidents": len({i for r in self.runs for i in r.incidents}),
+            "restarts": sum(r.restarts for r in self.runs),
             "alerts_received": len(bodies),
             "alerts_received_twice": checks.duplicates(bodies),
             "watchdog_kills": self.kills,
@@ -367,5 +371,5 @@ timeout = 10
                      "failed": self.load.stats.failures if self.load else 0,
                      "last_errors": self.load.stats.errors[-3:] if self.load else []},
             "runs": [{"name": r.name, "seconds": round(r.ended - r.started, 1), "outcome": r.outcome,
-                      "incidents": r.incidents} for r in self.runs],
+                      "incidents": r.incidents, "restarts": r.restarts} for r in self.runs],
         }
