@@ -44,7 +44,8 @@ def main() -> int:
     print(f"storm seed {seed}, {a.minutes:.0f} minutes and at least {a.faults} faults", flush=True)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="storm-") as tmp, Storm(py, model, Path(tmp), seed) as storm:
-        storm.run(a.minutes * 60, min_faults=a.faults)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        storm.run(a.minutes * 60, min_faults=a.faults, progress=a.out.with_suffix(".partial.json"))
         final = storm.check()
         report = storm.report()
         if report["problems"] or final:  # what the watchdog wrote, kept for the post-mortem (the run's dir goes)
