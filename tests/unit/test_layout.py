@@ -37,6 +37,7 @@ PURE = (
     "watchdog.evidence.explain.frame_rules",
     "watchdog.evidence.explain.ranks",
     "watchdog.evidence.explain.findings",
+    "watchdog.evidence.explain.engine_scope",
     "watchdog.evidence.explain.headline",
     "watchdog.evidence.explain.ring_layout",
     "watchdog.evidence.explain.ring_said",

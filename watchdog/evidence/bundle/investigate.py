@@ -123,7 +123,7 @@ class Investigator:
 
         # every other node's capture runs beside ours, merged into one (watchdog.nodes.remote)
         capture = self.remote.capture_with(local) if self.remote is not None else local()
-        findings = assess(capture, work_pending, page)
+        findings = assess(capture, work_pending, page, engine)
         engines = [p.pid for p in processes if p.role == Role.ENGINE_CORE and p.node == LOCAL]
         vllm = installed_versions(engines, None).get("vllm", "")  # /proc maps only, no subprocess
         seconds = time.monotonic() - t0

@@ -12,9 +12,10 @@ from enum import StrEnum
 
 from watchdog.core.processes import Capture, Dump, EngineProcess
 from watchdog.core.ring import Ring
-from watchdog.core.roles import ENGINE_ROLES, Role
+from watchdog.core.roles import ENGINE_ROLES, Role, title_in
 from watchdog.core.types import Decision
 from watchdog.evidence.explain.classes import Cls, Status
+from watchdog.evidence.explain.engine_scope import engine_processes
 from watchdog.evidence.explain.ranks import (
     CrossRankVerdict,
     HypothesisVerdict,
@@ -143,8 +144,10 @@ def _thread_frames(ps: ProcessStack, label: str) -> tuple[Frame, ...]:
     return ()
 
 
-def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = None) -> Findings:
-    """Assess a capture; ``page``: the page's running/waiting at suspicion (livelock and admission-stall rules)."""
+def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = None, engine: str = "") -> Findings:
+    """Assess a capture; ``page``: the page's running/waiting at suspicion (livelock and admission-stall rules);
+    ``engine``: the page's engine suspected, whose own processes alone decide (a data-parallel server's others are
+    reported, not counted: `engine_scope`)."""
     found: list[ProcessFinding] = []
     for proc in capture.processes:
         dumps = capture.dumps_of(proc)
@@ -178,12 +181,15 @@ def assess(capture: Capture, work_pending: bool | None, page: PageWork | None = 
         native_stack = _stack(native, proc) if native is not None else None
         found.append(ProcessFinding(proc, expl, moved, cpu, state, error, last_cls, gap,
                                     classify(native_stack, proc.role, state) if native_stack else None, quiet))
-    expls = [f.explanation for f in found if f.explanation is not None]
-    moved_by_name = {f.explanation.name: bool(f.moved) for f in found if f.explanation is not None}
-    engine_procs = [f for f in found if f.process.role in ENGINE_ROLES]
+    scope = engine_processes(capture.processes, engine)
+    counted = [f for f in found if scope is None or f.process.role not in ENGINE_ROLES or f.process.id in scope]
+    expls = [f.explanation for f in counted if f.explanation is not None]
+    moved_by_name = {f.explanation.name: bool(f.moved) for f in counted if f.explanation is not None}
+    engine_procs = [f for f in counted if f.process.role in ENGINE_ROLES]
     two_rounds = len(capture.rounds) >= 2
     any_moved = any(f.moved for f in engine_procs) if two_rounds else None
-    rings = tuple(r for r in capture.rings if r.ok)
+    labels = {title_in(f.process.title) or f.process.label for f in engine_procs}  # its rings, named as written
+    rings = tuple(r for r in capture.rings if r.ok and (scope is None or r.writer in labels))
     unread = ring_readers(rings)
     cross = cross_rank(expls, moved_by_name if two_rounds else None, unread)
     hypothesis = poll_parking([e for e in expls if e.role in (Role.ENGINE_CORE, Role.WORKER)], work_pending, any_moved,
