@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.harness import models  # noqa: E402
 from tests.harness.engine_env import engine_python  # noqa: E402
-from tests.harness.storm import Storm  # noqa: E402
+from tests.harness.storm import FILLER, Storm  # noqa: E402
 
 
 def main() -> int:
@@ -50,7 +50,7 @@ def main() -> int:
         report = storm.report()
         if report["problems"] or final:  # what the watchdog wrote, kept for the post-mortem (the run's dir goes)
             shutil.copytree(storm.state_dir, a.out.parent / "storm-state", dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("storm-filler"))
+                            ignore=shutil.ignore_patterns(FILLER))
     report.update({"minutes": a.minutes, "min_faults": a.faults, "wall_s": round(time.time() - started),
                    "final_problems": final})
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -199,11 +199,12 @@ def _incident_id(value: Any) -> str | None:
     return str(value) if value else None
 
 
-def tree_bytes(root: Path) -> int:
+def tree_bytes(root: Path, skip: tuple[str, ...] = ()) -> int:
+    """The bytes of the files under ``root``, but those named in ``skip``."""
     total = 0
     for p in root.rglob("*"):
         try:
-            if p.is_file() and not p.is_symlink():
+            if p.is_file() and not p.is_symlink() and p.name not in skip:
                 total += p.stat().st_size
         except OSError:
             continue

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 from tests.harness.faults import frozen, kill
+from tests.harness.storm import FILLER
 from tests.harness.watcher import event_time
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ def disk_full(s: Storm, run: FaultRun) -> str:
     """The state directory's filesystem full (to its last bytes) when a rank stops: the watchdog still sees, alerts
     and restarts; what it could not write is lost and said, and the files it keeps are whole. The disk has room again
     once the stall is alerted (the receiver has it)."""
-    filler = s.state_dir / "storm-filler"
+    filler = s.state_dir / FILLER
     written, full_from = 0, time.time()
     try:
         fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
