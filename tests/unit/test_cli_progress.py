@@ -24,7 +24,9 @@ class OnTerminal:
         master, slave = pty.openpty()
         self.proc = subprocess.Popen([sys.executable, "-m", "watchdog", *args], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=slave, text=True, start_new_session=True)
-        os.close(slave)
+        # the slave side kept open here until the output is read: when its last holder closes, the kernel hangs the
+        # terminal up and may drop what is still in its buffer (seen: one progress line of two, on a loaded machine)
+        self.slave: int | None = slave
         self.master, self.chunks, self.seen = master, [], threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -60,6 +62,11 @@ class OnTerminal:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+            while self.seen.wait(0.5):  # drained: nothing more came for half a second
+                self.seen.clear()
+            if self.slave is not None:
+                os.close(self.slave)
+                self.slave = None
             self.reader.join(10)
             os.close(self.master)
         return self.proc.returncode, out, self.stderr
