@@ -53,7 +53,6 @@ def main() -> int:
                             ignore=shutil.ignore_patterns(FILLER))
     report.update({"minutes": a.minutes, "min_faults": a.faults, "wall_s": round(time.time() - started),
                    "final_problems": final})
-    a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=1))
     return 1 if report["problems"] or final else 0

@@ -44,9 +44,9 @@ EVENTS_MAX = 64 * 1024  # state.events_max_bytes: small, so that a storm of minu
 INCIDENTS_MAX, INCIDENTS_BYTES = 4, 8 * 1024 * 1024
 TMPFS_BYTES = 48 * 1024 * 1024
 SCRAPE_DEADLINE = 10.0  # the config's scrape.deadline (its default): a pass never waits longer for the page
+FILLER = "storm-filler"  # the disk-full fault's file in the state directory (tests/harness/storm_faults.py)
 # all the state directory may hold: two generations of the event log and two of the delivery log, the bundles,
 # status, recovery and the rest
-FILLER = "storm-filler"  # the disk-full fault's file in the state directory (tests/harness/storm_faults.py)
 STATE_BOUND = 4 * EVENTS_MAX + INCIDENTS_BYTES + 1024 * 1024
 
 
