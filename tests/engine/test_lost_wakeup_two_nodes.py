@@ -50,7 +50,8 @@ def fault(pair: TwoNodeVllm, mode: str) -> None:
 
 @pytest.fixture
 def head(pair: TwoNodeVllm, tmp_path: Path) -> Iterator[HeadWatchdog]:
-    w = HeadWatchdog(pair, tmp_path / "watchdog", f'[engine]\nurl = "{pair.url}"\n' + pair.node.toml()).start()
+    config = f'[engine]\nurl = "{pair.url}"\n' + pair.node.toml()
+    w = HeadWatchdog(pair.url, pair.head_nsenter(), tmp_path / "watchdog", config).start()
     try:
         yield w
     finally:

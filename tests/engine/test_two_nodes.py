@@ -109,7 +109,7 @@ def head_watchdog(pair: TwoNodeVllm, tmp_path: Path) -> Iterator[Callable[[], He
     started: list[HeadWatchdog] = []
 
     def start() -> HeadWatchdog:
-        w = HeadWatchdog(pair, tmp_path / f"watchdog-{len(started)}", daemon_config(pair))
+        w = HeadWatchdog(pair.url, pair.head_nsenter(), tmp_path / f"watchdog-{len(started)}", daemon_config(pair))
         started.append(w.start())
         return w
 

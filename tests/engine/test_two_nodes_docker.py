@@ -83,7 +83,7 @@ def daemon_config(pair: DockerWorkerPair) -> str:
 
 @pytest.fixture
 def head_watchdog(pair: DockerWorkerPair, tmp_path: Path) -> Iterator[HeadWatchdog]:
-    w = HeadWatchdog(pair, tmp_path / "watchdog", daemon_config(pair)).start()
+    w = HeadWatchdog(pair.url, pair.head_nsenter(), tmp_path / "watchdog", daemon_config(pair)).start()
     yield w
     w.stop()
     pair.continue_all()

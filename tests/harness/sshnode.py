@@ -62,6 +62,49 @@ REAPER = ("import os, time\nwhile True:\n    try:\n        os.wait()\n    except
           "        time.sleep(0.5)\n")
 
 
+class HeadNamespace:
+    """The head node's own PID and mount namespaces (its /proc holds only the head's processes, as on a real head):
+    a reaper as PID 1 with its own /dev/shm (``shm``: the tmpfs's size), the head's network left as this
+    process's. `nsenter()` is the prefix of a command run there; `close` ends the whole namespace by its holder's
+    process group (its PID 1 takes the rest with it)."""
+
+    def __init__(self, root: Path, shm: str = "512m") -> None:
+        self.root, self.shm = root, shm
+        self.holder: subprocess.Popen[bytes] | None = None
+        self.pid1 = 0
+
+    def start(self) -> HeadNamespace:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "reaper.py").write_text(REAPER)
+        boot = (f"mount --make-rprivate / && mount -t tmpfs -o size={self.shm} tmpfs /dev/shm && "
+                f"exec {sys.executable} {self.root}/reaper.py")
+        self.holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", boot],
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            kids = Path(f"/proc/{self.holder.pid}/task/{self.holder.pid}/children").read_text().split()
+            if kids:
+                self.pid1 = int(kids[0])
+                return self
+            time.sleep(0.05)
+        self.close()
+        raise RuntimeError("the head's PID namespace did not start")
+
+    @property
+    def started(self) -> bool:
+        return self.holder is not None
+
+    def nsenter(self) -> list[str]:
+        return ["nsenter", "-t", str(self.pid1), "-p", "-m", "--"]
+
+    def close(self) -> None:
+        if self.holder is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.holder.pid, signal.SIGKILL)
+            self.holder.wait(timeout=10)
+            self.holder = None
+
+
 class SshNode:
     def __init__(self, root: Path, agent_toml: str = "", head_netns: bool = False, name: str = "worker1",
                  python: str = sys.executable) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import requests
 
 from tests.harness.server import BASE_ENV, free_port
-from tests.harness.sshnode import REAPER, SshNode
+from tests.harness.sshnode import HeadNamespace, SshNode
 from tests.harness.watcher import WatchdogProcess
 from watchdog.act.state import load_status
 
@@ -48,7 +48,7 @@ class TwoNodeVllm:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model_name = model.name
-        self.head_holder: subprocess.Popen[bytes] | None = None
+        self.head = HeadNamespace(self.run, shm="2g")
 
     def _spec(self, role: str) -> None:
         n = self.node
@@ -67,22 +67,14 @@ class TwoNodeVllm:
         (self.run / f"{role}.json").write_text(json.dumps(spec))
 
     def start_head_namespace(self) -> None:
-        (self.run / "reaper.py").write_text(REAPER)
-        boot = (f"mount --make-rprivate / && mount -t tmpfs -o size=2g tmpfs /dev/shm && "
-                f"exec {sys.executable} {self.run}/reaper.py")
-        self.head_holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", boot],
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            kids = Path(f"/proc/{self.head_holder.pid}/task/{self.head_holder.pid}/children").read_text().split()
-            if kids:
-                self.head_pid1 = int(kids[0])
-                return
-            time.sleep(0.05)
-        raise RuntimeError("the head's PID namespace did not start")
+        self.head.start()
+
+    @property
+    def head_pid1(self) -> int:
+        return self.head.pid1
 
     def head_nsenter(self) -> list[str]:
-        return ["nsenter", "-t", str(self.head_pid1), "-p", "-m", "--"]
+        return self.head.nsenter()
 
     def ctl(self, verb: str, role: str) -> list[str]:
         """The argv of a step that starts or stops one half (run on that half's node)."""
@@ -95,7 +87,7 @@ class TwoNodeVllm:
     def start(self, ready_timeout: float = 300.0) -> TwoNodeVllm:
         self._spec("head")
         self._spec("worker")
-        if self.head_holder is None:
+        if not self.head.started:
             self.start_head_namespace()
         self.do("start", "worker")
         self.do("start", "head")
@@ -146,20 +138,16 @@ class TwoNodeVllm:
         for role in ("head", "worker"):
             with contextlib.suppress(Exception):
                 self.do("stop", role)
-        if self.head_holder is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.head_holder.pid, signal.SIGKILL)
-            self.head_holder.wait(timeout=10)
-            self.head_holder = None
+        self.head.close()
 
 
 class HeadWatchdog(WatchdogProcess):
     """`python -m watchdog run` in the head's PID and mount namespaces (as on a real head node: its /proc holds
     only the head's processes), in a session of its own; ended by its process group (nsenter and the daemon)."""
 
-    def __init__(self, pair: TwoNodeVllm, state_dir: Path, config_text: str) -> None:
-        super().__init__(pair.url, state_dir, config_text)
-        self.prefix = pair.head_nsenter()
+    def __init__(self, url: str, head_nsenter: list[str], state_dir: Path, config_text: str) -> None:
+        super().__init__(url, state_dir, config_text)
+        self.prefix = head_nsenter
 
     def start(self) -> HeadWatchdog:
         with open(self.log_path, "ab") as log:

@@ -95,6 +95,25 @@ def test_a_stopped_rank_on_the_other_node_names_the_node() -> None:
     assert says(clause_of(h.text, "Worker_TP0"), "all_reduce") and h.text.startswith("Worker_TP1"), h.text
 
 
+def test_many_ranks_doing_the_same_are_counted_with_their_nodes_not_listed() -> None:
+    """Eight nodes of two ranks, one stopped: the other fifteen are one clause, counted, the first two and the last
+    named; the culprit and its node first, as with two ranks."""
+    caps = []
+    for k in range(8):
+        ranks = [EngineProcess(200 + r, Role.WORKER, f"VLLM::Worker_TP{r}", {"TP": r}, 1, node=f"node{k}")
+                 for r in (2 * k, 2 * k + 1)]
+        state = {p.pid: "T" if p.ranks["TP"] == 13 else "S" for p in ranks}
+        rounds = tuple({p.id: dump(p, WORKER_IDLE, state[p.pid], t=t) for p in ranks} for t in (0.0, 3.0))
+        caps.append(NodeCapture(f"node{k}", tuple(ranks), rounds))
+    base = capture(head_round(), head_round(), procs=HEAD)
+    f, h = said(merge(base, caps))
+    assert f.decision is Decision.STUCK, f.reason
+    assert (h.culprit, h.node) == ("Worker_TP13", "node6") and h.text.startswith("Worker_TP13 on node node6"), h.text
+    assert "15 processes on 8 nodes (Worker_TP0 on node node0, Worker_TP1 on node node0 ... Worker_TP15 on node " \
+           "node7)" in h.text, h.text
+    assert "Worker_TP7 " not in h.text and len(h.text) < 400, h.text
+
+
 # -- a collective waiting on a peer: gone, missing, not seen, idle -----------------------------------------------
 
 

@@ -5,7 +5,8 @@ restart steps run there.
   rounds, the same gap) run in parallel and are merged into one `Capture`; another node's process keeps its own pid
   and is keyed by (node, pid) (`ProcessId`: pids of two nodes collide); a node that cannot be reached is a capture
   problem of that node, never silence;
-- `RemoteEvidence.context(base)`: each node's own log tail (the source its ``[[nodes]]`` entry names, read only if
+- `RemoteEvidence.context(base)`: every node asked at once (a dead node costs its own call's timeout, not the
+  others'), each node's own log tail (the source its ``[[nodes]]`` entry names, read only if
   that node's agent config allows exactly it; none named: the node's own), versions, /dev/shm segments and clock
   offset, kept per node in the bundle's context;
 - `SshRunner`: a restart `Runner` for one node (the agent runs the command only if that node's config allows it).
@@ -116,20 +117,27 @@ class RemoteEvidence:
             remote = [f.result() for f in theirs]
         return merge(base, remote)
 
+    def _context(self, name: str, link: NodeLink) -> dict[str, Any] | NodeError:
+        node = next(n for n in self.cfg.nodes if n.name == name)
+        wanted = log_wanted(node.journal_unit, node.docker_container, node.log_file)
+        try:
+            return link.call("context", {"lines": node.log_lines, "log": wanted})
+        except NodeError as e:
+            return e
+
     def context(self, base: Context) -> Context:
         """Each node's own log tail (the one its ``[[nodes]]`` entry names, if that node allows it; else the node's
         own), versions, /dev/shm segments; kept per node (`Context.nodes`), and the versions also in `Context.versions`
         as ``"<name> (node <node>)"``."""
         versions, problems, nodes = dict(base.versions), list(base.problems), dict(base.nodes)
         ring = base.ring_warnings
-        for name, link in self.links.items():
-            node = next(n for n in self.cfg.nodes if n.name == name)
-            wanted = log_wanted(node.journal_unit, node.docker_container, node.log_file)
-            try:
-                a = link.call("context", {"lines": node.log_lines, "log": wanted})
-            except NodeError as e:
-                lost = "unreachable" if e.kind in ("unreachable", "timeout") else "refused"
-                problems.append(Problem(f"{lost}: no context: {e.message}", name))
+        with ThreadPoolExecutor(max_workers=max(1, len(self.links)), thread_name_prefix="node-context") as pool:
+            asked = {name: pool.submit(self._context, name, link) for name, link in self.links.items()}
+            answers = {name: f.result() for name, f in asked.items()}  # each call bounded by its node's timeout
+        for name, a in answers.items():
+            if isinstance(a, NodeError):
+                lost = "unreachable" if a.kind in ("unreachable", "timeout") else "refused"
+                problems.append(Problem(f"{lost}: no context: {a.message}", name))
                 nodes[name] = NodeContext(False, problems=(problems[-1],))
                 continue
             got_tail = a.get("log_tail")

@@ -127,8 +127,9 @@ class Investigator:
         engines = [p.pid for p in processes if p.role == Role.ENGINE_CORE and p.node == LOCAL]
         vllm = installed_versions(engines, None).get("vllm", "")  # /proc maps only, no subprocess
         seconds = time.monotonic() - t0
-        log.info("stacks of %d processes in %.1fs: %s (%s)", len(processes), seconds, findings.decision.value,
-                 findings.reason)
+        nodes = len({p.node for p in capture.processes})
+        log.info("stacks of %d processes on %d node(s) in %.1fs: %s (%s)", len(capture.processes), nodes, seconds,
+                 findings.decision.value, findings.reason)
         return Evidence(capture, findings, seconds, vllm)
 
     def _gpu_holders(self, processes: list[EngineProcess]) -> frozenset[int]:

@@ -47,6 +47,20 @@ def _and(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
+MAX_NAMED = 6  # a group larger than this is counted, its first two and last named: a headline stays one line
+
+
+def _group(procs: Sequence[ProcessFinding]) -> str:
+    """The processes of one group by name, or past `MAX_NAMED` counted: "61 processes on 8 nodes (Worker_TP0 on
+    node node0, Worker_TP1 on node node0 ... Worker_TP63 on node node7)"."""
+    names = list(dict.fromkeys(_who(p) for p in procs))
+    if len(names) <= MAX_NAMED:
+        return _and(names)
+    nodes = {p.process.node for p in procs}
+    where = f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
+    return f"{len(names)} processes{where} ({names[0]}, {names[1]} ... {names[-1]})"
+
+
 def _name(p: ProcessFinding) -> str:
     """Its explanation's name (Worker_TP1), or its title's when it could not be read."""
     return p.explanation.name if p.explanation else p.process.title.split("::")[-1].split(" ")[0] or p.process.label
@@ -144,15 +158,15 @@ def _rest(procs: list[ProcessFinding], culprit: ProcessFinding | None, skip: Seq
     others = [p for p in procs if p is not culprit and p not in skip]
     if culprit is not None:
         others.sort(key=lambda p: p.process.role == Role.ENGINE_CORE)
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, list[ProcessFinding]] = {}
     for p in others:
-        groups.setdefault(_doing(p, culprit, workers), []).append(_who(p))
+        groups.setdefault(_doing(p, culprit, workers), []).append(p)
     parts = []
-    for doing, names in groups.items():
+    for doing, members in groups.items():
         said = doing
-        for pattern, plural in _PLURAL if len(names) > 1 else ():
+        for pattern, plural in _PLURAL if len({_who(p) for p in members}) > 1 else ():
             said = re.sub(pattern, plural, said)
-        parts.append(f"{_and(names)} {said}")
+        parts.append(f"{_group(members)} {said}")
     return "".join(f"; {p}" for p in parts)
 
 
@@ -192,11 +206,11 @@ def _lost_wakeup(procs: list[ProcessFinding], capture: Capture | None) -> Headli
     one = len(parked) == 1
     block = f"block{'s' * (len(blocks) > 1)} {_and([str(b) for b in blocks])}"
     took = [p for p in procs if _cls(p) is Cls.IN_COLLECTIVE]
-    text = (f"lost wake-up: {_and([_who(p) for p in parked])} {'is' if one else 'are'} parked in "
+    text = (f"lost wake-up: {_group(parked)} {'is' if one else 'are'} parked in "
             f"{'its' if one else 'their'} reader with {block} written for {'it' if one else 'them'} and never read")
     if took:
         colls = _and(sorted({collective(p) or "a collective" for p in took}))
-        text += (f"; {_and([_who(p) for p in took])} took the step and wait{'s' * (len(took) == 1)} in {colls} for "
+        text += (f"; {_group(took)} took the step and wait{'s' * (len(took) == 1)} in {colls} for "
                  f"{'it' if one else 'them'}")
     culprit = parked[0] if took and one else None
     return _said(f"{text}{_rest(procs, culprit, parked + took)}", Runbook.ALL_PARKED, culprit)
@@ -222,7 +236,7 @@ def compose(f: Findings, capture: Capture | None = None, gpu: GpuSaid | None = N
         coll = [p for p in procs if _cls(p) is Cls.IN_COLLECTIVE]
         done = [p for p in procs if p.explanation is not None and p.explanation.name == f.cross_rank.culprit]
         each = _and([f"{_who(p)} waits in {collective(p) or 'a collective'}" for p in coll])
-        fin = f"; {_and([_who(p) for p in done])} finished the step and waits in its reader" if done else ""
+        fin = f"; {_group(done)} finished the step and waits in its reader" if done else ""
         return _said(f"the ranks diverged: {each}, collectives that never match{fin}{_rest(procs, None, coll + done)}",
                      Runbook.DIVERGED, done[0] if done else None)
     if f.decision is Decision.WORKING:
@@ -265,7 +279,7 @@ def compose(f: Findings, capture: Capture | None = None, gpu: GpuSaid | None = N
         else:
             peers = ("every rank seen is in it too: the transport (NCCL, gloo, the network) or a rank missing from "
                      "the dump is stuck")
-        return _said(f"{_and([_who(p) for p in coll])} wait{'s' if len(coll) == 1 else ''} in {where} for {peers}"
+        return _said(f"{_group(coll)} wait{'s' if len(coll) == 1 else ''} in {where} for {peers}"
                      f"{_rest(procs, None, coll)}", Runbook.PEER_WAIT)
     if named is not None and named.process.role == Role.ENGINE_CORE:
         return _said(f"{_who(named)} sends no next step: it {_doing(named, None, 0)}"

@@ -1,0 +1,132 @@
+"""One head watching eight nodes (`tests/harness/cluster.py`): each node its own network, PID and mount namespaces
+with a real sshd running the real agent, and on each, stand-in ranks (real Python processes titled
+``VLLM::Worker_TP<n>``, parked in a ZMQ poll: py-spy reads real stacks). The head runs in a PID namespace of its own,
+against the small fake engine page (work pending, no token moving), so what is judged is the nodes' evidence.
+
+- One rank on one node stopped: the real daemon (`watchdog run`) calls the engine frozen; its bundle holds the
+  stacks of every rank of every node and names the culprit and its node.
+- One node's link cut: `watchdog dump` still brings every other node's stacks; that node is said unreachable in
+  the bundle, the others complete (the nodes are asked at once, so the dead one costs its own timeout only).
+
+``EW_WIDE_RANKS`` (default 8) sets the ranks per node: 8 x 8 = 64 ranks hold on 2 cores (about 1.5 GB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes import EngineModel, fake_engine
+from tests.harness.cluster import Cluster
+from tests.harness.two_node import HeadWatchdog
+from tests.harness.watcher import event_time
+
+NODES = 8
+RANKS = int(os.environ.get("EW_WIDE_RANKS", "8"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with Cluster(tmp_path_factory.mktemp("wide"), NODES, RANKS) as c:
+        yield c
+
+
+def manifest(root: Path) -> tuple[dict[str, Any], Path]:
+    """The bundle under ``root``: its manifest and its folder."""
+    found = sorted(root.rglob("manifest.json"))
+    assert found, f"no bundle under {root}"
+    return dict(json.loads(found[-1].read_text())), found[-1].parent
+
+
+def every_rank_dumped(m: dict[str, Any], bundle: Path, cluster: Cluster, skip: str = "") -> None:
+    """Every rank of every node (but ``skip``'s) is in the bundle with its stacks (two rounds), from its own node."""
+    for node in cluster.nodes:
+        got = m["nodes"][node.name]
+        if node.name == skip:
+            continue
+        titles = sorted(p["title"] for p in got["processes"])
+        want = sorted(r.title for r in cluster.ranks if r.node is node)
+        assert titles == want, (node.name, titles)
+        assert got["stacks"] == "all" and got["evidence"] == "complete" and got["reachable"], (node.name, got)
+        assert got["dumps"] == {"ok": 2 * RANKS, "failed": 0}, (node.name, got["dumps"])  # two rounds each
+    files = {f.name for f in (bundle / "dumps").iterdir()}
+    for r in cluster.ranks:
+        if r.node.name != skip:
+            assert any(f"Worker_TP{r.rank} on node {r.node.name}" in f for f in files), (r.title, sorted(files)[:4])
+
+
+def test_one_rank_of_sixty_four_stopped_is_frozen_with_every_ranks_stacks_and_its_node(
+        cluster: Cluster, tmp_path: Path) -> None:
+    culprit = cluster.rank(NODES * RANKS - 3)  # on the last node
+    config = ("[scrape]\ninterval = 0.5\n[judge]\nsuspect_after = 2.0\nstall_window = 4.0\n"
+              "[probe]\ninterval = 600.0\nretry = 2.0\ntimeout = 30.0\n[capture]\ngap = 1.0\n"
+              "[state]\ntrace_max_bytes = 0\n" + cluster.toml())
+    with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
+        w = HeadWatchdog(url, cluster.head_nsenter(), tmp_path / "state", config).start()
+        try:
+            w.wait_for("every node seen with its ranks", lambda: {
+                e["node"] for e in w.events() if e["event"] == "node_state" and e["state"] == "ok"} == {
+                n.name for n in cluster.nodes}, 60)
+            culprit.stop()
+            stopped = time.time()
+            with model.lock:
+                model.running = 3  # work pending, no token moves
+            frozen = w.wait_for_state("frozen", 90, after=stopped)
+            print(f"stop -> frozen: {event_time(frozen) - stopped:.1f}s: {frozen['reason']}")
+            w.wait_for("the incident's bundle", lambda: list((tmp_path / "state").rglob("manifest.json")), 60)
+        finally:
+            culprit.cont()
+            with model.lock:
+                model.running, model.gen = 0, model.gen + 1
+            w.stop()
+    m, bundle = manifest(tmp_path / "state")
+    assert m["culprit"] == culprit.title.removeprefix("VLLM::") and m["culprit_node"] == culprit.node.name, (
+        m["culprit"], m["culprit_node"], m["headline"])
+    assert m["decision"] == "stuck" and m["capture_complete"], m["decision_reason"]
+    assert m["headline"].startswith(f"{m['culprit']} on node {culprit.node.name} is stopped"), m["headline"]
+    assert f"{NODES * RANKS - 1} processes on {NODES} nodes" in m["headline"], m["headline"]  # counted, not listed
+    every_rank_dumped(m, bundle, cluster)
+    print(f"{len(cluster.ranks)} ranks on {NODES} nodes; culprit {m['culprit']} on {m['culprit_node']}: "
+          f"{m['headline']}")
+
+
+def test_a_dead_node_costs_its_own_time_and_is_said_while_every_other_node_is_dumped(
+        cluster: Cluster, tmp_path: Path) -> None:
+    dead = cluster.nodes[3]
+    config = tmp_path / "watchdog.toml"
+    config.write_text('[engine]\nurl = "http://127.0.0.1:9"\n[capture]\ngap = 1.0\n' + cluster.toml())
+    argv = [*cluster.head_nsenter(), sys.executable, "-m", "watchdog", "dump", "--config", str(config), "--json"]
+    t0 = time.monotonic()
+    whole = subprocess.run([*argv, "--out", str(tmp_path / "whole")], capture_output=True, text=True, timeout=180,
+                           check=False)
+    took_whole = time.monotonic() - t0
+    dead.link(False)
+    try:
+        t0 = time.monotonic()
+        cut = subprocess.run([*argv, "--out", str(tmp_path / "cut")], capture_output=True, text=True, timeout=180,
+                             check=False)
+        took_cut = time.monotonic() - t0
+    finally:
+        dead.link(True)
+    print(f"watchdog dump of {NODES} nodes x {RANKS} ranks: {took_whole:.1f}s; with {dead.name}'s link cut: "
+          f"{took_cut:.1f}s (its connect_timeout: 3s)")
+    m, bundle = manifest(tmp_path / "whole")
+    every_rank_dumped(m, bundle, cluster)
+    assert json.loads(whole.stdout)["complete"], whole.stderr[-2000:]
+    m, bundle = manifest(tmp_path / "cut")
+    every_rank_dumped(m, bundle, cluster, skip=dead.name)
+    lost = m["nodes"][dead.name]
+    assert not lost["reachable"] and lost["evidence"] == "missing" and not lost["processes"], lost
+    said = [p for p in m["problems"] if dead.name in p]
+    assert any("unreachable" in p and "no stacks" in p for p in said), m["problems"]
+    assert not json.loads(cut.stdout)["complete"]  # a node's evidence is missing: the bundle says it is partial
+    others = [p for p in m["problems"] if "node" in p and dead.name not in p and "metrics page" not in p]
+    assert not others, others
