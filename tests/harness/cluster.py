@@ -68,8 +68,9 @@ class Rank:
 
 
 class Cluster:
-    def __init__(self, root: Path, nodes: int, ranks: int) -> None:
-        self.root, self.count, self.per_node = root, nodes, ranks
+    def __init__(self, root: Path, nodes: int, ranks: int, agent_toml: str = "") -> None:
+        """``agent_toml``: more of every node's agent config (its [[steps]])."""
+        self.root, self.count, self.per_node, self.agent_toml = root, nodes, ranks, agent_toml
         self.nodes: list[SshNode] = []
         self.ranks: list[Rank] = []
         self.socket_dir = Path(tempfile.mkdtemp(prefix="ewr-"))  # short: an ipc:// path is at most 107 bytes
@@ -80,7 +81,7 @@ class Cluster:
             self.head.start()
             for k in range(self.count):
                 d = self.root / f"node{k}"
-                self.nodes.append(SshNode(d, f'audit_log = "{d}/node/agent.log"\n', name=f"node{k}"))
+                self.nodes.append(SshNode(d, f'audit_log = "{d}/node/agent.log"\n{self.agent_toml}', name=f"node{k}"))
             with ThreadPoolExecutor(max_workers=self.count) as pool:  # sshd and keys per node: in parallel
                 list(pool.map(SshNode.start, self.nodes))
             for k, node in enumerate(self.nodes):

@@ -4,7 +4,11 @@ with a real sshd running the real agent, and on each, stand-in ranks (real Pytho
 against the small fake engine page (work pending, no token moving), so what is judged is the nodes' evidence.
 
 - One rank on one node stopped: the real daemon (`watchdog run`) calls the engine frozen; its bundle holds the
-  stacks of every rank of every node and names the culprit and its node.
+  stacks of every rank of every node and names the culprit and its node; the restart runs in order across the
+  nodes, each node's steps through its own agent: stop on the head and every node at once, start every worker node
+  at once, then the head; proven by a generation.
+- The same with one node's stop failing: that node is named, every other node's stop ran to its end, and nothing
+  starts anywhere (no node half-restarted while another never stopped).
 - One node's link cut: `watchdog dump` still brings every other node's stacks; that node is said unreachable in
   the bundle, the others complete (the nodes are asked at once, so the dead one costs its own timeout only).
 
@@ -33,10 +37,47 @@ NODES = 8
 RANKS = int(os.environ.get("EW_WIDE_RANKS", "8"))
 
 
+STEP = Path(__file__).resolve().parents[1] / "harness" / "step_mark.py"
+
+
+def step_argv(marks: Path, verb: str, *url: str) -> list[str]:
+    return [sys.executable, str(STEP), str(marks), verb, *url]
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with Cluster(tmp_path_factory.mktemp("wide"), NODES, RANKS) as c:
+    root = tmp_path_factory.mktemp("wide")
+    marks = root / "marks"
+    marks.mkdir()
+    allowed = "".join(f'[[steps]]\nkind = "command"\naction = "{v}"\nargv = {json.dumps(step_argv(marks, v))}\n'
+                      f"timeout = 30.0\n" for v in ("stop", "start"))  # what each node's agent lets the head run
+    with Cluster(root, NODES, RANKS, allowed) as c:
+        c.marks = marks  # type: ignore[attr-defined]
         yield c
+
+
+def marks_of(cluster: Cluster) -> list[tuple[float, float, str, str]]:
+    """(begin, end, verb, node) of every restart step run, by node name (the head's: "local")."""
+    path: Path = cluster.marks  # type: ignore[attr-defined]
+    names = {n.addr: n.name for n in cluster.nodes} | {"head": "local"}
+    lines = path.joinpath("steps.log").read_text().split("\n") if path.joinpath("steps.log").exists() else []
+    return sorted((float(b), float(e), v, names[w]) for b, e, v, w in (x.split() for x in lines if x))
+
+
+def restart_config(cluster: Cluster, url: str) -> str:
+    """Probe seldom; restart once, in order: the head and every node stopped at once, every worker node started
+    at once, then the head (its start makes the fake engine's new incarnation)."""
+    marks: Path = cluster.marks  # type: ignore[attr-defined]
+    workers = json.dumps([n.name for n in cluster.nodes])
+    return ("[scrape]\ninterval = 0.5\n[judge]\nsuspect_after = 2.0\nstall_window = 4.0\n"
+            "[probe]\ninterval = 600.0\nretry = 2.0\ntimeout = 30.0\n[capture]\ngap = 1.0\n"
+            "[state]\ntrace_max_bytes = 0\n[restart]\nboot_timeout = 60.0\nbudget = 1\n"
+            f'[[restart.steps]]\nkind = "command"\naction = "stop"\nargv = {json.dumps(step_argv(marks, "stop"))}\n'
+            f'timeout = 30.0\nnodes = ["local", {workers[1:]}\n'
+            f'[[restart.steps]]\nkind = "command"\naction = "start"\nargv = {json.dumps(step_argv(marks, "start"))}\n'
+            f"timeout = 30.0\nnodes = {workers}\n"
+            f'[[restart.steps]]\nkind = "command"\naction = "start"\n'
+            f"argv = {json.dumps(step_argv(marks, 'start', url))}\ntimeout = 30.0\n" + cluster.toml())
 
 
 def manifest(root: Path) -> tuple[dict[str, Any], Path]:
@@ -66,11 +107,8 @@ def every_rank_dumped(m: dict[str, Any], bundle: Path, cluster: Cluster, skip: s
 def test_one_rank_of_sixty_four_stopped_is_frozen_with_every_ranks_stacks_and_its_node(
         cluster: Cluster, tmp_path: Path) -> None:
     culprit = cluster.rank(NODES * RANKS - 3)  # on the last node
-    config = ("[scrape]\ninterval = 0.5\n[judge]\nsuspect_after = 2.0\nstall_window = 4.0\n"
-              "[probe]\ninterval = 600.0\nretry = 2.0\ntimeout = 30.0\n[capture]\ngap = 1.0\n"
-              "[state]\ntrace_max_bytes = 0\n" + cluster.toml())
     with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
-        w = HeadWatchdog(url, cluster.head_nsenter(), tmp_path / "state", config).start()
+        w = HeadWatchdog(url, cluster.head_nsenter(), tmp_path / "state", restart_config(cluster, url)).start()
         try:
             w.wait_for("every node seen with its ranks", lambda: {
                 e["node"] for e in w.events() if e["event"] == "node_state" and e["state"] == "ok"} == {
@@ -82,6 +120,10 @@ def test_one_rank_of_sixty_four_stopped_is_frozen_with_every_ranks_stacks_and_it
             frozen = w.wait_for_state("frozen", 90, after=stopped)
             print(f"stop -> frozen: {event_time(frozen) - stopped:.1f}s: {frozen['reason']}")
             w.wait_for("the incident's bundle", lambda: list((tmp_path / "state").rglob("manifest.json")), 60)
+            culprit.cont()  # as its node's restart would
+            steps = w.wait_event("restart_steps", 120)
+            recovered = w.wait_event("recovered", 120)
+            assert model.restarts == 1
         finally:
             culprit.cont()
             with model.lock:
@@ -96,6 +138,58 @@ def test_one_rank_of_sixty_four_stopped_is_frozen_with_every_ranks_stacks_and_it
     every_rank_dumped(m, bundle, cluster)
     print(f"{len(cluster.ranks)} ranks on {NODES} nodes; culprit {m['culprit']} on {m['culprit_node']}: "
           f"{m['headline']}")
+    assert steps["ok"] and all(x["ok"] for x in steps["steps"]), steps
+    ran = [(v, n) for _, _, v, n in marks_of(cluster)]
+    names = [n.name for n in cluster.nodes]
+    assert sorted(ran[:NODES + 1]) == sorted(("stop", n) for n in ["local", *names]), ran
+    assert sorted(ran[NODES + 1:2 * NODES + 1]) == sorted(("start", n) for n in names) and ran[-1] == (
+        "start", "local"), ran
+    marks = marks_of(cluster)
+    stops, starts, head = marks[:NODES + 1], marks[NODES + 1:-1], marks[-1]
+    assert max(b for b, _, _, _ in stops) < min(e for _, e, _, _ in stops), stops  # all stops at once
+    assert max(e for _, e, _, _ in stops) <= min(b for b, _, _, _ in starts), marks  # starts after every stop
+    assert max(b for b, _, _, _ in starts) < min(e for _, e, _, _ in starts), starts  # the workers' at once
+    assert max(e for _, e, _, _ in starts) <= head[0], marks  # the head last
+    for n in cluster.nodes:  # each node's steps ran through its own agent
+        runs = [json.loads(x) for x in n.audit_log.read_text().splitlines() if '"run"' in x]
+        assert len(runs) >= 2, (n.name, runs[-3:])
+    print(f"restart across {NODES} nodes: steps {steps['seconds']}s (three groups of {STEP.name}'s 2 s hold); "
+          f"stop -> recovered {event_time(recovered) - stopped:.1f}s")
+
+
+def test_a_stop_failing_on_one_node_is_said_by_name_and_nothing_starts_anywhere(cluster: Cluster,
+                                                                               tmp_path: Path) -> None:
+    marks: Path = cluster.marks  # type: ignore[attr-defined]
+    failing = cluster.nodes[5]
+    (marks / f"fail-{failing.addr}").touch()
+    before = len(marks_of(cluster))
+    culprit = cluster.rank(2)
+    try:
+        with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
+            w = HeadWatchdog(url, cluster.head_nsenter(), tmp_path / "state", restart_config(cluster, url)).start()
+            try:
+                w.wait_for("every node seen", lambda: len({e["node"] for e in w.events() if e["event"] == "node_state"
+                                                          and e["state"] == "ok"}) == NODES, 60)
+                culprit.stop()
+                with model.lock:
+                    model.running = 3
+                failed = w.wait_event("restart_failed", 150)
+                steps = w.wait_event("restart_steps", 10)
+                assert model.restarts == 0
+            finally:
+                culprit.cont()
+                with model.lock:
+                    model.running, model.gen = 0, model.gen + 1
+                w.stop()
+    finally:
+        (marks / f"fail-{failing.addr}").unlink()
+    print(f"restart_failed: {failed['error']}")
+    assert f"on node {failing.name}: {failing.name}: exit status 1" in failed["error"], failed
+    assert failed["stage"] == "steps", failed
+    assert [x["node"] for x in steps["steps"] if not x["ok"]] == [failing.name], steps
+    ran = marks_of(cluster)[before:]
+    assert sorted((v, n) for _, _, v, n in ran) == sorted(("stop", n) for n in ["local", *(x.name for x in
+                                                                                           cluster.nodes)]), ran
 
 
 def test_a_dead_node_costs_its_own_time_and_is_said_while_every_other_node_is_dumped(

@@ -2,12 +2,15 @@
 back with a real generation (`RecoveryRunner`, in the background while the watcher goes on scraping).
 
 The commands and their order come from `watchdog.config.restart_plan` (pure; its docstring has the rules). A step's
-timeout covers all its commands: each gets the time left in the step when it starts. ``Restarter.run`` stops at the
-first failed command, a failed stop included: starting over a half-stopped stack is worse than leaving it to a
-human. One exception: before a transient unit's start, systemctl's "not loaded" (exit 5) from its stop means nothing
-runs as it (the record's ``note`` says so), and the start goes on. The cancel event is checked between commands,
-never mid-command. A command on this host runs through `watchdog.host.run` (its own session, its whole process group
-ended on timeout); on another node, through that node's agent.
+timeout covers all its commands: each gets the time left in the step when it starts. ``Restarter.run`` runs the
+plan group after group: a group is one command, or the same command on every node of a step with ``nodes``, run at
+once (a thread per node, each bounded by its step's time); it stops after the first group with a failed command, a
+failed stop included: starting over a half-stopped stack is worse than leaving it to a human. In a group every
+node's command runs to its end even when another's failed (none is cut off mid-command), and the outcome names each
+node that failed. One exception: before a transient unit's start, systemctl's "not loaded" (exit 5) from its stop
+means nothing runs as it (the record's ``note`` says so), and the start goes on. The cancel event is checked between
+groups, never mid-command. A command on this host runs through `watchdog.host.run` (its own session, its whole
+process group ended on timeout); on another node, through that node's agent.
 
 The /dev/shm check (``sweepers``, one per node) runs where `restart_plan.shm_check_at` puts it: after the last stop
 step and before the first starting command. Each node reports the stale segments a dead engine left (``psm_*``,
@@ -29,6 +32,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -91,6 +95,7 @@ class RestartOutcome:
     cancelled: bool = False
     steps: tuple[dict[str, Any], ...] = ()  # what ran, in order, for events: commands and the /dev/shm check
     shm: tuple[ShmReport, ...] = ()  # each node's /dev/shm check, when it ran
+    error: str = ""  # what went wrong with the failed command(s), each node's in a group ("w2: exit status 1")
 
 
 class Restarter:
@@ -141,6 +146,31 @@ class Restarter:
             signals = asked.output if asked.ok else None
         return killed_note(result.argv[1], given, result.duration, signals)
 
+    def _one(self, command: PlannedCommand, time_left: float) -> tuple[RunResult, dict[str, Any], bool]:
+        """Run one command with the time left in its step: its result, its record, whether it counts as done."""
+        began = self.wall()
+        if time_left > 0:
+            result = self.runners[command.node](argv_for(command, time_left), time_left)
+        else:
+            result = RunResult(command.argv, None, 0.0, True,
+                               error=f"not run: the step's {secs(command.timeout)}s were used up")
+        # a transient unit systemd does not know: nothing runs as it, so there is nothing to stop
+        not_loaded = command.not_loaded_ok and result.rc == SYSTEMCTL_NOT_LOADED and not result.timed_out
+        ok = result.ok or not_loaded
+        if not ok and (said := output_said(result.output)):  # the command's own reason (docker's stderr)
+            result = replace(result, error=f"{result.error}: {said}")
+        record = {"what": command.description, "node": command.node, "argv": shlex.join(result.argv)[:300],
+                  "ok": ok, "rc": result.rc, "seconds": round(result.duration, 2),
+                  "error": "" if not_loaded else result.error}
+        if not_loaded:
+            record["note"] = "not loaded: nothing ran as it"
+        if result.ok and (killed := self._killed(command, result, began)):
+            record["killed"] = killed
+        log.log(logging.WARNING if record.get("killed") or not ok else logging.INFO,
+                "restart: %s on node %s: %s (rc %s, %.1fs)", command.description, command.node,
+                record.get("killed") or record.get("note") or record["error"] or "ok", result.rc, result.duration)
+        return result, record, ok
+
     def run(self, cancel: threading.Event | None = None) -> RestartOutcome:
         if not self.commands:
             raise ValueError("no restart steps configured")
@@ -150,51 +180,56 @@ class Restarter:
         records: list[dict[str, Any]] = []
         shm: tuple[ShmReport, ...] = ()
 
-        def outcome(ok: bool, failed: str = "", cancelled: bool = False) -> RestartOutcome:
-            return RestartOutcome(ok, tuple(results), failed, self.clock() - started, cancelled, tuple(records), shm)
+        def outcome(ok: bool, failed: str = "", cancelled: bool = False, error: str = "") -> RestartOutcome:
+            return RestartOutcome(ok, tuple(results), failed, self.clock() - started, cancelled, tuple(records), shm,
+                                  error)
 
         if self.check_at is None and self.sweepers:
             records.append({"what": "shm check", "node": "", "ok": True, "seconds": 0.0, "error": SHM_SKIPPED,
                             "stale": 0, "removed": 0})
             log.warning("restart: /dev/shm %s", SHM_SKIPPED)
-        # each command once, in order: a failed one is never retried (see the module's docstring), so no tenacity here
-        for i, command in enumerate(self.commands):
+        # each command once, group after group: a failed one is never retried (see the module's docstring), so no
+        # tenacity here; a group of several nodes runs at once, every node's command to its end, and the restart
+        # stops after the group if any failed: no node is left mid-command, none goes on to the next step
+        at = 0
+        for group in _groups(self.commands):
             if cancel is not None and cancel.is_set():
-                log.info("restart: cancelled before %s", command.description)
-                return outcome(False, command.description, True)
-            if i == self.check_at:
+                log.info("restart: cancelled before %s", group[0].description)
+                return outcome(False, group[0].description, True)
+            if self.check_at is not None and at <= self.check_at < at + len(group):
                 shm = self._check_shm(records)
+            at += len(group)
             now = self.clock()
-            key = command.step if command.step is not None else ("pre-start", command.node)
-            time_left = deadlines.setdefault(key, now + command.timeout) - now
-            began = self.wall()
-            if time_left > 0:
-                result = self.runners[command.node](argv_for(command, time_left), time_left)
+            left = [deadlines.setdefault(c.step if c.step is not None else ("pre-start", c.node), now + c.timeout)
+                    - now for c in group]
+            if len(group) == 1:
+                done = [self._one(group[0], left[0])]
             else:
-                result = RunResult(command.argv, None, 0.0, True,
-                                   error=f"not run: the step's {secs(command.timeout)}s were used up")
-            # a transient unit systemd does not know: nothing runs as it, so there is nothing to stop
-            not_loaded = command.not_loaded_ok and result.rc == SYSTEMCTL_NOT_LOADED and not result.timed_out
-            ok = result.ok or not_loaded
-            if not ok and (said := output_said(result.output)):  # the command's own reason (docker's stderr)
-                result = replace(result, error=f"{result.error}: {said}")
-            results.append(result)
-            record = {"what": command.description, "node": command.node, "argv": shlex.join(result.argv)[:300],
-                      "ok": ok, "rc": result.rc, "seconds": round(result.duration, 2),
-                      "error": "" if not_loaded else result.error}
-            if not_loaded:
-                record["note"] = "not loaded: nothing ran as it"
-            if result.ok and (killed := self._killed(command, result, began)):
-                record["killed"] = killed
-            records.append(record)
-            log.log(logging.WARNING if record.get("killed") or not ok else logging.INFO,
-                    "restart: %s: %s (rc %s, %.1fs)", command.description,
-                    record.get("killed") or record.get("note") or record["error"] or "ok", result.rc, result.duration)
-            if not ok:
-                return outcome(False, command.description)
+                with ThreadPoolExecutor(max_workers=len(group), thread_name_prefix="restart-node") as pool:
+                    done = list(pool.map(self._one, group, left))
+            for result, record, _ in done:
+                results.append(result)
+                records.append(record)
+            if failed := [(c, r) for c, (r, _, ok) in zip(group, done, strict=True) if not ok]:
+                if len(group) == 1:
+                    return outcome(False, group[0].description, error=done[0][0].error)
+                return outcome(False, "; ".join(f"{c.description} on node {c.node}" for c, _ in failed),
+                               error="; ".join(f"{c.node}: {r.error.removeprefix(f'on node {c.node}: ')}"
+                                               for c, r in failed))
         if self.check_at == len(self.commands):
             shm = self._check_shm(records)
         return outcome(True)
+
+
+def _groups(commands: Sequence[PlannedCommand]) -> list[list[PlannedCommand]]:
+    """The plan's commands by group, in order (`PlannedCommand.group`)."""
+    out: list[list[PlannedCommand]] = []
+    for c in commands:
+        if out and out[-1][0].group == c.group:
+            out[-1].append(c)
+        else:
+            out.append([c])
+    return out
 
 
 # (ok, answered, detail) of one max_tokens=1 generation
@@ -289,8 +324,7 @@ class RecoveryRunner:
             outcome = self.restarter.run(self._cancel)
             steps_took = outcome.duration
             if not outcome.ok:
-                last = outcome.results[-1] if outcome.results else None
-                why = f"{outcome.failed}: {last.error}" if last is not None else outcome.failed
+                why = f"{outcome.failed}: {outcome.error}" if outcome.error else outcome.failed
                 return RecoveryDone(job, False, "steps", why, steps_duration=steps_took, outcome=outcome)
         started, began = self._wall(), self._clock()
         self.progress = Progress("proving", started, outcome=outcome)

@@ -27,9 +27,17 @@ class StepSection:
     argv: tuple[str, ...] = ()  # command: the program and its arguments, never a shell string
     timeout: float = 300.0  # for the whole step
     node: str = "local"
+    # the same step on each of these nodes at once ("local" may be one): command k of every node together, then
+    # command k+1; the step ends when every node's are done (each bounded by the step's timeout); instead of node
+    nodes: tuple[str, ...] = ()
     # command: run argv as this transient service (systemd-run), outside the watchdog's unit, cgroup and sandbox
     transient_unit: str = ""
     unit_properties: tuple[str, ...] = ()  # with transient_unit: systemd-run --property= settings (User=vllm, ...)
+
+    @property
+    def on(self) -> tuple[str, ...]:
+        """The nodes it runs on: ``nodes``, else ``node``."""
+        return self.nodes or (self.node,)
 
     @property
     def verb(self) -> str:
@@ -110,9 +118,16 @@ def check_restart(r: RestartSection, nodes: tuple[str, ...] = NODES) -> None:
                                   + f" {key}")
         if not step.timeout > 0:
             raise ValueError(f"{where}.timeout must be greater than 0, got {step.timeout!r}")
-        if step.node not in nodes:
-            raise ValueError(f"{where}.node: unknown node {step.node!r} (known: {', '.join(nodes)}; name other "
-                             "nodes in [[nodes]])")
+        if step.nodes and step.node != "local":
+            raise ValueError(f"{where}: node and nodes both given (nodes runs the step on each of them at once; "
+                             "node, on one)")
+        if len(set(step.nodes)) != len(step.nodes):
+            raise ValueError(f"{where}.nodes: a node named twice ({', '.join(step.nodes)})")
+        for n, name in enumerate(step.on):
+            if name not in nodes:
+                key = f"nodes[{n}]" if step.nodes else "node"
+                raise ValueError(f"{where}.{key}: unknown node {name!r} (known: {', '.join(nodes)}; name other "
+                                 "nodes in [[nodes]])")
         check_transient(step, where)
 
 

@@ -26,13 +26,18 @@ right before the first starting step overall (same rule over every step). With n
 steps only) no hook runs. Hooks that fall before the same step run local first, then the nodes in config order.
 With no ``[[nodes]]`` only this host's hooks run, by the same rule. A transient unit's restart step stops before
 it starts: its hooks run between the two.
+
+A step with ``nodes = [...]`` runs on each of them at once: its commands become groups (`PlannedCommand.group`),
+command k of every node together, then command k+1 (a transient unit's stop on every node, then its start on every
+node); the hooks due before it run together too, right before its first starting group. Every other command is a
+group of its own: the plan runs group after group, in order.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from watchdog.config.act import RestartSection, StepSection
 from watchdog.config.nodes import LOCAL, NodeSection
@@ -54,6 +59,7 @@ class PlannedCommand:
     timeout: float  # the most it can get: its step's whole timeout (at run time, what is left of it)
     starts: bool = False  # a starting command (start/restart, a command step, a hook): the /dev/shm check is before
     not_loaded_ok: bool = False  # systemctl stop of a transient unit: "not loaded" (exit 5) means nothing to stop
+    group: int = 0  # commands of one group run at once, one per node (a step with ``nodes``); groups in order
 
 
 SYSTEMCTL_NOT_LOADED = 5  # systemctl's exit status for a unit systemd does not know (LSB: not installed)
@@ -76,18 +82,23 @@ def plan(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[Pla
         if argv and at is not None:
             what = "pre-start hook" if name == LOCAL else f"pre-start hook on node {name}"
             hooks.setdefault(at, []).append(PlannedCommand(None, "pre-start", what, name, tuple(argv), timeout, True))
-    commands: list[PlannedCommand] = []
+    phases: list[list[PlannedCommand]] = []  # each phase one group
     for index, step in enumerate(section.steps):
-        mine = _step_commands(index, step)
-        at = next((i for i, c in enumerate(mine) if c.starts), 0)  # a transient restart's hook: after its stop
-        commands.extend([*mine[:at], *hooks.get(index, ()), *mine[at:]])
-    return commands
+        lanes = [_step_commands(index, replace(step, node=node, nodes=())) for node in step.on]
+        at = next((i for i, c in enumerate(lanes[0]) if c.starts), 0)  # a transient restart's hook: after its stop
+        if not step.nodes:  # one node: one command at a time, its hooks one at a time
+            phases += [[c] for c in (*lanes[0][:at], *hooks.get(index, ()), *lanes[0][at:])]
+            continue
+        # several nodes: command k of every node together; the hooks due here together, before the first start
+        spread = [list(k) for k in zip(*lanes, strict=True)]
+        phases += [*spread[:at], *([hooks[index]] if index in hooks else []), *spread[at:]]
+    return [replace(c, group=g) for g, phase in enumerate(phases) for c in phase]
 
 
 def _first_start(steps: Sequence[StepSection], node: str | None = None) -> int | None:
     """The first starting step (of ``node``'s steps, or of all): start/restart, else the first command step that
     does not say what it does (``action = "run"``, the default)."""
-    mine = [(i, s) for i, s in enumerate(steps) if node is None or s.node == node]
+    mine = [(i, s) for i, s in enumerate(steps) if node is None or node in s.on]
     starting = [i for i, s in mine if s.verb in STARTING_VERBS]
     unsaid = [i for i, s in mine if s.kind == "command" and s.verb == "run"]
     return next(iter(starting or unsaid), None)
@@ -188,5 +199,8 @@ def output_said(output: str, limit: int = 300) -> str:
 
 def describe(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[str]:
     """The plan for people (``--dry-run``, ``watchdog status``): one line per command."""
-    return [f"{c.description} (node {c.node}, up to {secs(c.timeout)}s): {shlex.join(c.argv)}"
-            for c in plan(section, nodes)]
+    commands = plan(section, nodes)
+    together = {g: sum(c.group == g for c in commands) for g in {c.group for c in commands}}
+    return [f"{c.description} (node {c.node}, up to {secs(c.timeout)}s"
+            + (f", at once with {together[c.group] - 1} other node(s)" if together[c.group] > 1 else "")
+            + f"): {shlex.join(c.argv)}" for c in commands]

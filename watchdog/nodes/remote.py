@@ -204,11 +204,15 @@ class SshRunner:
             return RunResult(tuple(argv), None, time.monotonic() - started, e.kind == "timeout",
                              error=f"on node {self.link.node.name}: {e.message}")
         rc, duration = a.get("rc"), a.get("duration")
+        rc = rc if isinstance(rc, int) and not isinstance(rc, bool) else None
         where = f"on node {self.link.node.name}"
-        return RunResult(tuple(argv), rc if isinstance(rc, int) and not isinstance(rc, bool) else None,
+        error = clean(a["error"], 500) if a.get("error") else (f"exit status {rc}" if rc else "")
+        if rc is None and not error:
+            error = "the agent's answer holds no exit status"
+        return RunResult(tuple(argv), rc,
                          float(duration) if isinstance(duration, int | float) and 0 <= duration < 1e6 else 0.0,
                          a.get("timed_out") is True, clean(a.get("output") or "", 4096, "\n\t"),
-                         (f"{where}: {clean(a['error'], 500)}" if a.get("error") else ""))
+                         f"{where}: {error}" if error else "")
 
 
 def node_runners(links: Mapping[str, NodeLink]) -> dict[str, SshRunner]:
