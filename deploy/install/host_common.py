@@ -26,6 +26,23 @@ ENV_FILE = ETC / "env"
 STATE = Path("/var/lib/engine-watchdog")
 UNIT_NAME = "engine-watchdog.service"
 UNIT = Path("/etc/systemd/system") / UNIT_NAME
+# One watchdog per engine on a host with several: engine-watchdog@NAME.service, config /etc/engine-watchdog/NAME.toml,
+# secrets NAME.env, state /var/lib/engine-watchdog/NAME (docs/systemd.md). Made from the one shipped unit.
+TEMPLATE_NAME = "engine-watchdog@.service"
+TEMPLATE = UNIT.with_name(TEMPLATE_NAME)
+INSTANCES = "engine-watchdog@*.service"
+# (what the shipped unit says, what an instance says instead): each must be found exactly where it is expected
+_INSTANCE_EDITS = (
+    ("Description=engine-watchdog: detects frozen vLLM engines",
+     "Description=engine-watchdog %i: detects frozen vLLM engines"),
+    ("ExecStartPre=/opt/engine-watchdog/.venv/bin/watchdog config check --config /etc/engine-watchdog/config.toml",
+     "ExecStartPre=/opt/engine-watchdog/.venv/bin/watchdog config check --config /etc/engine-watchdog/%i.toml"),
+    ("ExecStart=/opt/engine-watchdog/.venv/bin/watchdog run --config /etc/engine-watchdog/config.toml",
+     "ExecStart=/opt/engine-watchdog/.venv/bin/watchdog run --config /etc/engine-watchdog/%i.toml "
+     "--state-dir /var/lib/engine-watchdog/%i"),
+    ("StateDirectory=engine-watchdog", "StateDirectory=engine-watchdog/%i"),
+    ("EnvironmentFile=-/etc/engine-watchdog/env", "EnvironmentFile=-/etc/engine-watchdog/%i.env"),
+)
 SYSTEMD_RUNNING = Path("/run/systemd/system")  # sd_booted(): systemd is PID 1 here
 # The only system packages the install may add (Debian, Ubuntu): venv's ensurepip, which Debian splits out of
 # python3, and the distro's systemd bindings (sd_notify through libsystemd, journal fields).
@@ -178,11 +195,31 @@ def systemctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
     return run([binary, *args], timeout) if binary else None
 
 
-def unit_active() -> bool:
+def instance_unit(shipped: str) -> str:
+    """The template unit, engine-watchdog@.service, from the shipped engine-watchdog.service: its config, secrets and
+    state per instance (%i), everything else (the hardening) as shipped. Raises ValueError if a line it edits is not
+    in the shipped unit exactly once (the two must never drift apart silently)."""
+    lines = shipped.splitlines(keepends=True)
+    for old, new in _INSTANCE_EDITS:
+        at = [i for i, line in enumerate(lines) if line.rstrip("\n") == old]
+        if len(at) != 1:
+            raise ValueError(f"the shipped unit has {len(at)} lines {old!r}, not one: the template cannot be made")
+        lines[at[0]] = new + "\n"
+    return "".join(lines)
+
+
+def active_units() -> list[str]:
+    """The watchdog's units running now: engine-watchdog.service and every engine-watchdog@NAME.service."""
     if not systemd_running():
-        return False
-    r = systemctl("is-active", "--quiet", UNIT_NAME)
-    return r is not None and r.returncode == 0
+        return []
+    r = systemctl("list-units", "--state=active", "--plain", "--no-legend", "--type=service", UNIT_NAME, INSTANCES)
+    if r is None or r.returncode != 0:
+        return []
+    return [line.split()[0] for line in r.stdout.splitlines() if line.split()]
+
+
+def unit_active() -> bool:
+    return bool(active_units())
 
 
 def daemon_reload() -> None:

@@ -191,22 +191,26 @@ def link_systemd_python(venv: Path, distro: bool) -> str:
     return note
 
 
-def precheck_config(venv: Path, running: bool) -> None:
-    """An upgrade's new version reads the config in place before it replaces the running one."""
-    if not hc.CONFIG.exists():
-        return
-    r = hc.run([str(venv / "bin" / "watchdog"), "config", "check", "--config", str(hc.CONFIG)], 120)
-    if r.returncode == 0:
-        return
-    if running:
-        shutil.rmtree(venv, ignore_errors=True)
-        raise Failure(f"the new version refuses {hc.CONFIG}: {hc.last_line(r.stdout)}; "
-                      "the running install is unchanged")
-    say(f"warning: the new version refuses {hc.CONFIG}: {hc.last_line(r.stdout)}")
+def precheck_config(venv: Path, running: list[str]) -> None:
+    """An upgrade's new version reads each config in place before it replaces the running units: config.toml, and
+    NAME.toml of each running engine-watchdog@NAME."""
+    configs = [hc.CONFIG, *(hc.ETC / f"{u.removeprefix('engine-watchdog@').removesuffix('.service')}.toml"
+                            for u in running if u.startswith("engine-watchdog@"))]
+    for config in configs:
+        if not config.exists():
+            continue
+        r = hc.run([str(venv / "bin" / "watchdog"), "config", "check", "--config", str(config)], 120)
+        if r.returncode == 0:
+            continue
+        if running:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise Failure(f"the new version refuses {config}: {hc.last_line(r.stdout)}; "
+                          "the running install is unchanged")
+        say(f"warning: the new version refuses {config}: {hc.last_line(r.stdout)}")
 
 
 def copy_files(created: list[str]) -> None:
-    """Docs and the uninstaller under OPT; the unit; config, env and state only where absent."""
+    """Docs and the uninstaller under OPT; the unit and its template; config, env and state only where absent."""
     if SOURCE != hc.OPT:
         for name in (*DOCS, *UNINSTALLER):
             src, dst = SOURCE / name, hc.OPT / name
@@ -219,11 +223,13 @@ def copy_files(created: list[str]) -> None:
                 shutil.copy2(src, dst)
         shutil.copy2(SOURCE / "systemd" / "config.example.toml", hc.OPT / "config.example.toml")
     hc.UNIT.parent.mkdir(parents=True, exist_ok=True)
-    staged = hc.UNIT.with_name(hc.UNIT.name + ".partial")
-    shutil.copyfile(SOURCE / "systemd" / "engine-watchdog.service", staged)
-    staged.chmod(0o644)
-    staged.replace(hc.UNIT)
-    say(f"unit: {hc.UNIT}")
+    shipped = (SOURCE / "systemd" / "engine-watchdog.service").read_text()
+    for path, text in ((hc.UNIT, shipped), (hc.TEMPLATE, hc.instance_unit(shipped))):
+        staged = path.with_name(path.name + ".partial")
+        staged.write_text(text)
+        staged.chmod(0o644)
+        staged.replace(path)
+    say(f"unit: {hc.UNIT}; one per engine: {hc.TEMPLATE} (engine-watchdog@NAME: /etc/engine-watchdog/NAME.toml)")
     if not hc.ETC.exists():
         hc.ETC.mkdir(mode=0o755, parents=True)
         created.append(str(hc.ETC))
@@ -251,24 +257,37 @@ def copy_files(created: list[str]) -> None:
         say(f"state: {hc.STATE} (0750)")
 
 
-def restart_or_roll_back(venv: Path, old_venv: Path | None, old_unit: str | None) -> str:
-    """try-restart onto the new venv; if it fails to start, back onto the old venv and unit, and fail."""
-    r = hc.systemctl("try-restart", hc.UNIT_NAME, timeout=300)
-    if r is not None and r.returncode == 0:
-        return f"{hc.UNIT_NAME} was running: restarted on the new version"
-    detail = r.stdout.strip().splitlines()[0] if r is not None and r.stdout.strip() else "no systemctl"
+def restart_or_roll_back(venv: Path, old_venv: Path | None, old_units: dict[Path, str | None],
+                         running: list[str]) -> str:
+    """try-restart the running units (the plain one, each instance) onto the new venv; if one fails to start, all
+    back onto the old venv and units, and fail."""
+    failed = ""
+    for unit in running:
+        r = hc.systemctl("try-restart", unit, timeout=300)
+        if r is None or r.returncode != 0:
+            detail = r.stdout.strip().splitlines()[0] if r is not None and r.stdout.strip() else "no systemctl"
+            failed = f"{unit} ({detail})"
+            break
+    if not failed:
+        return f"{', '.join(running)} {'was' if len(running) == 1 else 'were'} running: restarted on the new version"
     if old_venv is None:
-        raise Failure(f"systemctl try-restart {hc.UNIT_NAME} failed: {detail}")
+        raise Failure(f"systemctl try-restart {failed} failed")
     hc.point_link(old_venv)
     shutil.rmtree(venv, ignore_errors=True)
-    if old_unit is not None:
-        hc.UNIT.write_text(old_unit)
+    for path, text in old_units.items():
+        if text is not None:
+            path.write_text(text)
+        else:
+            path.unlink(missing_ok=True)  # the template is new with this version: the old one had none
     hc.daemon_reload()
-    hc.systemctl("reset-failed", hc.UNIT_NAME)  # the failed starts count against the unit's start limit
-    back = hc.systemctl("restart", hc.UNIT_NAME, timeout=300)
-    state = "running the previous version" if back is not None and back.returncode == 0 else "not running"
-    raise Failure(f"{hc.UNIT_NAME} did not restart on the new version ({detail}): back on the previous venv and "
-                  f"unit, {state}; journalctl -u {hc.UNIT_NAME}")
+    back = []
+    for unit in running:
+        hc.systemctl("reset-failed", unit)  # the failed starts count against the unit's start limit
+        r = hc.systemctl("restart", unit, timeout=300)
+        back.append(r is not None and r.returncode == 0)
+    state = "running the previous version" if all(back) else "not all running"
+    raise Failure(f"{failed} did not restart on the new version: back on the previous venv and units, {state}; "
+                  f"journalctl -u {failed.split()[0]}")
 
 
 def install(args: argparse.Namespace) -> int:
@@ -292,17 +311,16 @@ def install(args: argparse.Namespace) -> int:
             left += f" but the system packages (recorded in {hc.RECORD}: scripts/uninstall removes them)"
         raise Failure(f"{exc}; {left}") from exc
     systemd_note = link_systemd_python(venv, distro)
-    running = old_venv is not None and hc.unit_active()
+    running = hc.active_units() if old_venv is not None else []
     precheck_config(venv, running)
-    old_unit = hc.UNIT.read_text() if hc.UNIT.exists() else None
+    old_units = {p: p.read_text() if p.exists() else None for p in (hc.UNIT, hc.TEMPLATE)}
     hc.point_link(venv)
     say(f"venv: {hc.VENV_LINK} -> {venv.relative_to(hc.OPT)}")
     created: list[str] = [str(hc.OPT)] if opt_created else []
-    if old_unit is None:
-        created.append(str(hc.UNIT))
+    created += [str(p) for p, text in old_units.items() if text is None]
     copy_files(created)
     hc.daemon_reload()
-    outcome = restart_or_roll_back(venv, old_venv, old_unit) if running else "nothing started"
+    outcome = restart_or_roll_back(venv, old_venv, old_units, running) if running else "nothing started"
     for stale in hc.VENVS.iterdir():
         if stale != venv:
             shutil.rmtree(stale, ignore_errors=True)

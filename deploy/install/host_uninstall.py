@@ -79,27 +79,39 @@ def remove_packages(record: dict[str, Any]) -> None:
 
 
 def remove_unit(purge: bool) -> None:
+    """The unit and its template: each running one (engine-watchdog@NAME instances too) stopped and disabled, their
+    links and files removed; an operator's drop-ins only with --purge."""
     if hc.systemd_running():
-        r = hc.systemctl("disable", "--now", hc.UNIT_NAME, timeout=300)
-        if r is not None and r.returncode == 0:
-            say(f"systemd: {hc.UNIT_NAME} stopped and disabled")
+        for unit in dict.fromkeys([hc.UNIT_NAME, *hc.active_units(), *enabled_instances()]):
+            r = hc.systemctl("disable", "--now", unit, timeout=300)
+            if r is not None and r.returncode == 0:
+                say(f"systemd: {unit} stopped and disabled")
     elif hc.UNIT.exists():
         hc.systemctl("disable", hc.UNIT_NAME)  # offline: only its links under /etc/systemd/system
-    for link in hc.UNIT.parent.glob(f"*.wants/{hc.UNIT_NAME}"):
-        if link.is_symlink():
-            link.unlink()
-    if hc.UNIT.exists():
-        hc.UNIT.unlink()
-        say(f"removed {hc.UNIT}")
-    if DROP_INS.exists():
+    for pattern in (hc.UNIT_NAME, hc.INSTANCES):
+        for link in hc.UNIT.parent.glob(f"*.wants/{pattern}"):
+            if link.is_symlink():
+                link.unlink()
+    for unit in (hc.UNIT, hc.TEMPLATE):
+        if unit.exists():
+            unit.unlink()
+            say(f"removed {unit}")
+    for drop_ins in (DROP_INS, *(d for d in hc.UNIT.parent.glob("engine-watchdog@*.service.d") if d.is_dir())):
+        if not drop_ins.exists():
+            continue
         if purge:
-            shutil.rmtree(DROP_INS)
-            say(f"removed {DROP_INS}")
+            shutil.rmtree(drop_ins)
+            say(f"removed {drop_ins}")
         else:
-            say(f"kept {DROP_INS} (an operator's drop-ins; --purge removes them)")
+            say(f"kept {drop_ins} (an operator's drop-ins; --purge removes them)")
     if hc.systemd_running():
         hc.daemon_reload()
-        hc.systemctl("reset-failed", hc.UNIT_NAME)
+        hc.systemctl("reset-failed", hc.UNIT_NAME, hc.INSTANCES)
+
+
+def enabled_instances() -> list[str]:
+    """engine-watchdog@NAME.service instances enabled (linked under a .wants), running or not."""
+    return sorted({link.name for link in hc.UNIT.parent.glob(f"*.wants/{hc.INSTANCES}")})
 
 
 def purge_or_keep(purge: bool) -> None:

@@ -26,9 +26,11 @@ from tests.harness.shipped_unit import (
     SHIPPED,
     SHIPPED_PROGRAM,
     STATE,
+    TEMPLATE,
     UNIT,
     config_check_missing,
     shipped_systemd,
+    template_for_test,
     unit_for_test,
     wait_for,
 )
@@ -54,6 +56,11 @@ def test_systemd_analyze_verify_accepts_the_shipped_unit(tmp_path: Path) -> None
     stand_in.write_text(unit_for_test())
     r = subprocess.run(["systemd-analyze", "verify", str(stand_in)], capture_output=True, text=True, timeout=60,
                        start_new_session=True, check=False)
+    assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+    # the template the installer makes from it, verified as an instance (engine-watchdog@b.service)
+    (tmp_path / TEMPLATE).write_text(template_for_test())
+    r = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "engine-watchdog@b.service")], capture_output=True,
+                       text=True, timeout=60, start_new_session=True, check=False, cwd=tmp_path)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
 
 

@@ -10,11 +10,13 @@ and its venv's packages are shown at a second place inside, and the unit runs th
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 from tests.harness.systemd_ns import ThrowawaySystemd, available
@@ -53,6 +55,29 @@ def unit_for_test() -> str:
     return text
 
 
+def _host_common() -> ModuleType:
+    """deploy/install/host_common.py, the installer's own module (a script beside it, not a package)."""
+    spec = importlib.util.spec_from_file_location("host_common", CHECKOUT / "deploy" / "install" / "host_common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TEMPLATE = "engine-watchdog@.service"
+CONFIG_DIR = "/run/engine-watchdog-test"  # an instance's config: CONFIG_DIR/NAME.toml
+
+
+def template_for_test() -> str:
+    """The template unit as the installer makes it from the shipped unit (`host_common.instance_unit`), with the
+    program and the configs' folder pointed at this checkout and the test's files: nothing else differs."""
+    made = _host_common().instance_unit(SHIPPED.read_text())
+    text = made.replace(SHIPPED_PROGRAM, PROGRAM_ARGV).replace("/etc/engine-watchdog/%i.toml", f"{CONFIG_DIR}/%i.toml")
+    changed = [a.split("=", 1)[0] for a, b in zip(made.splitlines(), text.splitlines(), strict=True) if a != b]
+    assert changed == ["ExecStartPre", "ExecStart"], changed
+    return str(text)
+
+
 def config_check_missing() -> str | None:
     """Why the unit's ExecStartPre= cannot run here (this checkout's CLI has no `watchdog config check`), or None."""
     r = subprocess.run([PROGRAM, "config", "check", "--help"], capture_output=True, text=True, timeout=60,
@@ -79,10 +104,12 @@ def service_settings(text: str) -> list[tuple[str, str]]:
 
 def shipped_systemd(name: str, log_dir: Path, config_toml: str, *, drop_ins: dict[str, str] | None = None,
                     units: dict[str, str] | None = None, files: dict[str, str] | None = None,
-                    pre_check: bool = True, binds: dict[str, str] | None = None) -> ThrowawaySystemd:
+                    pre_check: bool = True, binds: dict[str, str] | None = None,
+                    wanted: list[str] | None = None) -> ThrowawaySystemd:
     """A throwaway systemd with the shipped unit (and ``units`` beside it), its config, and ``drop_ins`` (file name
     -> text) for it. ``pre_check=False``, or no `watchdog config check` here: its ExecStartPre= emptied. ``binds``:
-    more directories shown inside (source -> where, under /run)."""
+    more directories shown inside (source -> where, under /run). ``wanted``: the units booted (default: the shipped
+    unit and ``units`` but templates)."""
     reason = available()
     if reason is not None:
         raise AssertionError(f"a throwaway systemd cannot run on this machine: {reason}")
@@ -92,7 +119,7 @@ def shipped_systemd(name: str, log_dir: Path, config_toml: str, *, drop_ins: dic
     return ThrowawaySystemd(
         name,
         {UNIT: unit_for_test(), **(units or {})},
-        wanted=[UNIT, *(u for u in (units or {}) if "@." not in u)],
+        wanted=wanted if wanted is not None else [UNIT, *(u for u in (units or {}) if "@." not in u)],
         files={CONFIG: config_toml, **{f"{DROP_INS}/{k}": v for k, v in all_drop_ins.items()},
                **({LAUNCHER: LAUNCH_PY} if HIDDEN else {}), **(files or {})},
         binds={**({str(CHECKOUT): f"{ALIAS}/src", str(SITE): f"{ALIAS}/site-packages"} if HIDDEN else {}),

@@ -43,6 +43,9 @@ WANTS_LINK = f"/etc/systemd/system/multi-user.target.wants/{UNIT}"
 DISTRO_SYSTEMD = "/usr/lib/python3/dist-packages/systemd"
 WHEELS = "/root/wheels"  # the next release's wheel and its dependencies, for the offline upgrade
 HARNESS_DROP_IN = f"/run/systemd/system/{UNIT}.d/00-throwaway.conf"
+TEMPLATE = "engine-watchdog@.service"  # one watchdog per engine: instance "b" beside the plain unit
+INSTANCE = "engine-watchdog@b.service"
+INSTANCE_CONFIG = '[engine]\nurl = "http://127.0.0.1:8001"\nname = "vllm-b"\n[exporter]\nport = 9831\n'
 INSIDE_ENV = [f"{k}={v}" for k, v in debian_root.ENV.items()]  # a root shell's, as in the plain chroot
 
 def ok(r: subprocess.CompletedProcess[str], what: str) -> str:
@@ -111,6 +114,26 @@ def check_running_as_installed(sd: ThrowawaySystemd, root: DebianRoot, version: 
     return pid, venv
 
 
+def check_instance(sd: ThrowawaySystemd, root: DebianRoot) -> None:
+    """engine-watchdog@b runs the installed template: config b.toml, state /var/lib/engine-watchdog/b, the same
+    sandbox as the plain unit, its own status saying its own stack down."""
+    assert sd.systemctl("is-active", INSTANCE, check=False).stdout.strip() == "active", sd.status(INSTANCE, 30)
+    out = sd.systemctl("show", INSTANCE, "--property=FragmentPath", "--property=ProtectSystem",
+                       "--property=Type").stdout
+    assert f"FragmentPath=/etc/systemd/system/{TEMPLATE}" in out and "ProtectSystem=strict" in out, out
+    pid = int(sd.systemctl("show", INSTANCE, "--property=MainPID", "--value").stdout.strip())
+    argv = sd.read_file(f"/proc/{pid}/cmdline").split("\0")[1:-1]
+    assert argv == [WATCHDOG, "run", "--config", "/etc/engine-watchdog/b.toml", "--state-dir",
+                    "/var/lib/engine-watchdog/b"], argv
+
+    def says_b_down() -> str | None:
+        r = inside(sd, [WATCHDOG, "status", "--state-dir", "/var/lib/engine-watchdog/b"], timeout=60)
+        return r.stdout if r.returncode == 0 and "stack vllm-b at http://127.0.0.1:8001" in r.stdout else None
+
+    wait_for("`watchdog status` of instance b", 60, says_b_down, every=0.5)
+    assert root.host_path("/var/lib/engine-watchdog/b/status.json").exists()
+
+
 def check_status_says_down(sd: ThrowawaySystemd, pid: int) -> str:
     """`watchdog status`, as the operator types it: the daemon running, the engine (nothing on :8000) down."""
     last: list[subprocess.CompletedProcess[str]] = []
@@ -173,7 +196,9 @@ def test_readme_enable_now_starts_the_installed_service(root: DebianRoot, suite:
 
     reason = systemd_ns.available(root.path)
     assert reason is None, reason
-    with ThrowawaySystemd(f"booted-{suite}", {}, root=root.path, root_units=[UNIT], log_dir=tmp_path / "sd") as sd:
+    root.host_path("/etc/engine-watchdog/b.toml").write_text(INSTANCE_CONFIG)
+    with ThrowawaySystemd(f"booted-{suite}", {}, root=root.path, root_units=[UNIT, TEMPLATE],
+                          log_dir=tmp_path / "sd") as sd:
         times["boot"] = time.monotonic()
         assert ok(sd.run(["cat", "/etc/debian_version"]), "the booted root") == \
             root.host_path("/etc/debian_version").read_text()
@@ -187,28 +212,35 @@ def test_readme_enable_now_starts_the_installed_service(root: DebianRoot, suite:
         [site] = root.host_path(venv).glob("lib/python3*/site-packages")
         assert (site / "systemd").is_symlink() and str((site / "systemd").readlink()) == DISTRO_SYSTEMD
         said = check_status_says_down(sd, pid)
+        # a second engine's watchdog: the template the install made, its own config, state and exporter port
+        ok(inside(sd, ["systemctl", "enable", "--now", INSTANCE]), f"{suite}: systemctl enable --now {INSTANCE}")
+        check_instance(sd, root)
         # nothing else of the root's runs: its units are masked, but for the journal
         running = sd.systemctl("list-units", "--type=service", "--state=running", "--plain", "--no-legend").stdout
-        assert sorted(line.split()[0] for line in running.splitlines()) == [UNIT, "systemd-journald.service"], running
+        assert sorted(line.split()[0] for line in running.splitlines()) == [UNIT, INSTANCE,
+                                                                           "systemd-journald.service"], running
         times["started"] = time.monotonic()
 
         # --- upgrade while it runs, offline (the namespace has loopback only): restarted on the new venv
         upgrade = [f"{next_source}/scripts/install", "--wheel", f"{WHEELS}/{wheel.name}", "--find-links", WHEELS]
         out = ok(inside(sd, upgrade, cwd=next_source), f"{suite}: the upgrade")
-        assert f"{UNIT} was running: restarted on the new version" in out, out
+        assert f"{UNIT}, {INSTANCE} were running: restarted on the new version" in out, out
         next_version = f"engine-watchdog {next_release.version} (commit {next_release.commit})"
         new_pid, new_venv = check_running_as_installed(sd, root, next_version)
         assert new_pid != pid and new_venv != venv, (pid, venv, new_pid, new_venv)
         assert not root.host_path(venv).exists(), f"the upgrade left the previous venv {venv}"
         check_status_says_down(sd, new_pid)
+        check_instance(sd, root)
         times["upgrade"] = time.monotonic()
 
         # --- uninstall: stopped, disabled, the unit gone
         out = ok(inside(sd, ["./scripts/uninstall"], cwd=next_source), f"{suite}: ./scripts/uninstall")
         assert f"systemd: {UNIT} stopped and disabled" in out, out
+        assert f"systemd: {INSTANCE} stopped and disabled" in out, out
         assert show(sd, "LoadState", "ActiveState") == {"LoadState": "not-found", "ActiveState": "inactive"}
         assert sd.systemctl("is-enabled", UNIT, check=False).returncode != 0
-        for gone in (UNIT_FILE, WANTS_LINK, "/opt/engine-watchdog"):
+        for gone in (UNIT_FILE, WANTS_LINK, "/opt/engine-watchdog", f"/etc/systemd/system/{TEMPLATE}",
+                     f"/etc/systemd/system/multi-user.target.wants/{INSTANCE}"):
             assert not root.host_path(gone).exists() and not root.host_path(gone).is_symlink(), gone
         assert sd.run(["test", "-e", f"/proc/{new_pid}"]).returncode == 1, f"pid {new_pid} still runs"
         assert sd.cgroup_dir is not None and not (sd.cgroup_dir / "system.slice" / UNIT).exists()

@@ -204,6 +204,7 @@ def test_install_upgrade_uninstall_as_an_operator(root: DebianRoot, suite: str, 
         assert root.host_path(p).exists(), f"{where}: the plain uninstall removed {p}"
         assert fingerprint(root.host_path(p)) == before, f"{where}: the plain uninstall changed {p}"
     for gone in ("/opt/engine-watchdog", "/etc/systemd/system/engine-watchdog.service",
+                 "/etc/systemd/system/engine-watchdog@.service",
                  "/etc/systemd/system/multi-user.target.wants/engine-watchdog.service"):
         assert not os.path.lexists(root.host_path(gone)), f"{where}: uninstall left {gone}"
     now = root.packages()

@@ -191,3 +191,21 @@ def test_the_scripts_are_executable_and_shipped() -> None:
     manifest = (REPO / "MANIFEST.in").read_text()
     assert "scripts/install scripts/uninstall" in manifest
     assert "graft deploy" in manifest  # deploy/install/, what the scripts run
+
+
+def test_the_template_unit_is_the_shipped_unit_with_config_secrets_and_state_per_instance(
+        modules: tuple[ModuleType, ModuleType]) -> None:
+    hc, _ = modules
+    shipped = (REPO / "systemd" / "engine-watchdog.service").read_text()
+    made = hc.instance_unit(shipped)
+    changed = [(a, b) for a, b in zip(shipped.splitlines(), made.splitlines(), strict=True) if a != b]
+    assert [b for _, b in changed] == [
+        "Description=engine-watchdog %i: detects frozen vLLM engines",
+        "ExecStartPre=/opt/engine-watchdog/.venv/bin/watchdog config check --config /etc/engine-watchdog/%i.toml",
+        "ExecStart=/opt/engine-watchdog/.venv/bin/watchdog run --config /etc/engine-watchdog/%i.toml "
+        "--state-dir /var/lib/engine-watchdog/%i",
+        "StateDirectory=engine-watchdog/%i",
+        "EnvironmentFile=-/etc/engine-watchdog/%i.env"], changed  # the hardening and the rest as shipped
+    drifted = shipped.replace("StateDirectory=engine-watchdog\n", "StateDirectory=watchdog\n")
+    with pytest.raises(ValueError, match=r"0 lines 'StateDirectory=engine-watchdog', not one"):
+        hc.instance_unit(drifted)

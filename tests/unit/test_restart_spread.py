@@ -125,7 +125,8 @@ def test_a_group_runs_on_every_node_at_once_then_the_next_group() -> None:
     assert out.ok, out.failed
     stops, starts = calls[:4], calls[4:]
     assert sorted(stops) == [f"{n}: docker stop --time 54 vllm" for n in ("local", *WORKERS)]
-    assert sorted(starts[:3]) == [f"{n}: docker start vllm" for n in WORKERS] and starts[3] == "local: docker start vllm"
+    assert sorted(starts[:3]) == [f"{n}: docker start vllm" for n in WORKERS]
+    assert starts[3] == "local: docker start vllm"
     assert all(t == 60 for n in runners.values() for t in n.timeouts)  # each node gets its step's whole time
     assert [s["node"] for s in out.steps] == ["local", *WORKERS, *WORKERS, "local"]  # records in the step's order
 
