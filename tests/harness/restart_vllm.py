@@ -2,6 +2,7 @@
 pid file, start a new one in a session of its own, write its pid, exit (readiness is the watchdog's to prove).
 
     python tests/harness/restart_vllm.py --pidfile F --python ENGINE_PY --model DIR --port P --log-dir D [--stop-only]
+        [--tensor-parallel-size N] [--data-parallel-size N] [--inject FLAG]
 
 The tests start the first server with this same script, so every server is an orphan of it (reaped by init),
 and a stopped group can be told gone. `stop_group` is what their teardown calls too.
@@ -76,7 +77,7 @@ class ScriptedServer:
     """A vLLM started and restarted only by the restart script, as the watchdog's command strategy will."""
 
     def __init__(self, engine_python: Path, model: Path, tmp: Path, tensor_parallel_size: int = 2,
-                 inject: Path | None = None) -> None:
+                 inject: Path | None = None, data_parallel_size: int = 1) -> None:
         """``inject``: the flag file of the tests' fault injection, loaded by every server this script starts."""
         self.port, self.model = free_port(), model
         self.pidfile, self.log_dir = tmp / "vllm.pid", tmp / "logs"
@@ -85,6 +86,8 @@ class ScriptedServer:
                      "--log-dir", str(self.log_dir)]
         if tensor_parallel_size != 2:
             self.argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        if data_parallel_size != 1:
+            self.argv += ["--data-parallel-size", str(data_parallel_size)]
         if inject is not None:
             self.argv += ["--inject", str(inject)]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -131,6 +134,7 @@ def main() -> int:
         ap.add_argument(name, required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tensor-parallel-size", type=int, default=2)  # 1: still a VLLM::Worker (mp executor)
+    ap.add_argument("--data-parallel-size", type=int, default=1)  # N engines on one page (EngineCore_DP<n>)
     ap.add_argument("--stop-only", action="store_true")
     ap.add_argument("--inject", help="the fault injection's flag file (tests/harness/inject)")
     a = ap.parse_args()
@@ -143,6 +147,8 @@ def main() -> int:
         return 0
     server = VllmServer(Path(a.python), Path(a.model), Path(a.log_dir), port=a.port, name=f"vllm-{a.port}",
                         tensor_parallel_size=a.tensor_parallel_size,
+                        extra_args=["--data-parallel-size", str(a.data_parallel_size)] if a.data_parallel_size > 1
+                        else (),
                         env=injected_env(Path(a.inject)) if a.inject else None)
     server.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(server.log_path, "ab") as log:
