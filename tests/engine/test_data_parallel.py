@@ -1,4 +1,5 @@
-"""A real data-parallel vLLM (CPU build, ``--data-parallel-size 2``, TP=1): two engines on one page, one
+"""A real data-parallel vLLM (CPU build, ``--data-parallel-size 2``, TP=2 per engine: two EngineCores, four
+workers all titled ``VLLM::Worker_TP0/1``, told to their engine by parent): two engines on one page, one
 ``watchdog run`` judging each. ``VLLM::EngineCore_DP1`` stopped under load on both: engine 1 `frozen` with its own
 stacks and culprit, engine 0 working on and never frozen (issue 31: before, engine 0's worker in the model excused
 engine 1's freeze: "a long step, not a freeze"); then the restart restarts the whole server (one server holds both
@@ -42,7 +43,7 @@ def wait_both_running(url: str, timeout: float) -> None:
 
 @pytest.fixture
 def server(engine_python: Path, fast_model: Path, tmp_path: Path) -> Iterator[ScriptedServer]:
-    s = ScriptedServer(engine_python, fast_model, tmp_path, tensor_parallel_size=1, data_parallel_size=2)
+    s = ScriptedServer(engine_python, fast_model, tmp_path, tensor_parallel_size=2, data_parallel_size=2)
     try:
         yield s
     finally:
