@@ -208,11 +208,13 @@ def instance_unit(shipped: str) -> str:
     return "".join(lines)
 
 
-def active_units() -> list[str]:
-    """The watchdog's units running now: engine-watchdog.service and every engine-watchdog@NAME.service."""
+def active_units(states: str = "active") -> list[str]:
+    """The watchdog's units in one of ``states`` now (systemctl's list): engine-watchdog.service and every
+    engine-watchdog@NAME.service; "active,activating,deactivating,reloading": one restarting in a loop too."""
     if not systemd_running():
         return []
-    r = systemctl("list-units", "--state=active", "--plain", "--no-legend", "--type=service", UNIT_NAME, INSTANCES)
+    r = systemctl("list-units", f"--state={states}", "--plain", "--no-legend", "--type=service", UNIT_NAME,
+                  INSTANCES)
     if r is None or r.returncode != 0:
         return []
     return [line.split()[0] for line in r.stdout.splitlines() if line.split()]

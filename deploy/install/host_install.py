@@ -192,10 +192,11 @@ def link_systemd_python(venv: Path, distro: bool) -> str:
 
 
 def precheck_config(venv: Path, running: list[str]) -> None:
-    """An upgrade's new version reads each config in place before it replaces the running units: config.toml, and
-    NAME.toml of each running engine-watchdog@NAME."""
-    configs = [hc.CONFIG, *(hc.ETC / f"{u.removeprefix('engine-watchdog@').removesuffix('.service')}.toml"
-                            for u in running if u.startswith("engine-watchdog@"))]
+    """An upgrade's new version reads each config in place before it replaces the running units: config.toml (unless
+    only instances run: then it is no running unit's), and NAME.toml of each running engine-watchdog@NAME."""
+    plain = [hc.CONFIG] if not running or hc.UNIT_NAME in running else []
+    configs = [*plain, *(hc.ETC / f"{u.removeprefix('engine-watchdog@').removesuffix('.service')}.toml"
+                         for u in running if u.startswith("engine-watchdog@"))]
     for config in configs:
         if not config.exists():
             continue

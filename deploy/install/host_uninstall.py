@@ -82,7 +82,8 @@ def remove_unit(purge: bool) -> None:
     """The unit and its template: each running one (engine-watchdog@NAME instances too) stopped and disabled, their
     links and files removed; an operator's drop-ins only with --purge."""
     if hc.systemd_running():
-        for unit in dict.fromkeys([hc.UNIT_NAME, *hc.active_units(), *enabled_instances()]):
+        live = hc.active_units("active,activating,deactivating,reloading")  # one restarting in a loop too
+        for unit in dict.fromkeys([hc.UNIT_NAME, *live, *enabled_instances()]):
             r = hc.systemctl("disable", "--now", unit, timeout=300)
             if r is not None and r.returncode == 0:
                 say(f"systemd: {unit} stopped and disabled")

@@ -110,14 +110,18 @@ class Cluster:
         return "".join(n.toml() for n in self.nodes)
 
     def close(self) -> None:
-        for r in self.ranks:
-            r.close()
+        """Everything, each part even when an earlier one failed to end (the first error is raised at the end)."""
+        errors: list[BaseException] = []
+        for part in [*self.ranks, *self.nodes, self.head]:
+            try:
+                part.close()
+            except Exception as e:  # the rest must still be ended
+                errors.append(e)
         self.ranks.clear()
-        for n in self.nodes:
-            n.close()
         self.nodes.clear()
-        self.head.close()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> Cluster:
         return self.start()

@@ -46,6 +46,7 @@ from watchdog.config.restart_plan import (
     argv_for,
     docker_kills_argv,
     docker_time_given,
+    groups,
     killed_note,
     output_said,
     plan,
@@ -116,23 +117,26 @@ class Restarter:
                 raise ValueError(f"no runner for node {command.node!r} ({command.description}); "
                                  f"runners: {', '.join(self.runners) or 'none'}")
 
+    def _sweep(self, node: str, sweep: Sweeper) -> tuple[ShmReport, float]:
+        started = self.clock()
+        try:
+            return sweep(), self.clock() - started
+        except Exception as e:  # a sweeper should not raise; if it does, it is reported, not fatal
+            return ShmReport(node, error=f"{type(e).__name__}: {e}"), self.clock() - started
+
     def _check_shm(self, records: list[dict[str, Any]]) -> tuple[ShmReport, ...]:
-        reports = []
-        for node, sweep in self.sweepers.items():
-            started = self.clock()
-            try:
-                report = sweep()
-            except Exception as e:  # a sweeper should not raise; if it does, it is reported, not fatal
-                report = ShmReport(node, error=f"{type(e).__name__}: {e}")
-            reports.append(report)
+        """Every node's /dev/shm at once (a node out of reach costs its own call's timeout), reported in order."""
+        with ThreadPoolExecutor(max_workers=max(1, len(self.sweepers)), thread_name_prefix="restart-shm") as pool:
+            done = list(pool.map(self._sweep, self.sweepers, self.sweepers.values()))
+        for node, (report, seconds) in zip(self.sweepers, done, strict=True):
             records.append({"what": "shm check", "node": node, "ok": not report.error,
-                            "seconds": round(self.clock() - started, 2), "error": report.error,
+                            "seconds": round(seconds, 2), "error": report.error,
                             "stale": len(report.stale), "removed": len(report.removed)})
             log.log(logging.WARNING if report.stale or report.error else logging.INFO,
-                    "restart: /dev/shm on node %s: %d stale segment(s), %d bytes; removed %d (%d bytes)%s", node,
-                    len(report.stale), sum(b for _, b in report.stale), len(report.removed),
+                    "restart: /dev/shm on node %s: %d stale segment(s), %d bytes; removed %d (%d bytes)%s",
+                    node, len(report.stale), sum(b for _, b in report.stale), len(report.removed),
                     sum(b for _, b in report.removed), f"; {report.error}" if report.error else "")
-        return tuple(reports)
+        return tuple(r for r, _ in done)
 
     def _killed(self, command: PlannedCommand, result: RunResult, began: float) -> str:
         """A docker stop/restart that took its whole ``--time``: did docker have to SIGKILL the container? Asked of
@@ -192,7 +196,7 @@ class Restarter:
         # tenacity here; a group of several nodes runs at once, every node's command to its end, and the restart
         # stops after the group if any failed: no node is left mid-command, none goes on to the next step
         at = 0
-        for group in _groups(self.commands):
+        for group in groups(self.commands):
             if cancel is not None and cancel.is_set():
                 log.info("restart: cancelled before %s", group[0].description)
                 return outcome(False, group[0].description, True)
@@ -219,17 +223,6 @@ class Restarter:
         if self.check_at == len(self.commands):
             shm = self._check_shm(records)
         return outcome(True)
-
-
-def _groups(commands: Sequence[PlannedCommand]) -> list[list[PlannedCommand]]:
-    """The plan's commands by group, in order (`PlannedCommand.group`)."""
-    out: list[list[PlannedCommand]] = []
-    for c in commands:
-        if out and out[-1][0].group == c.group:
-            out[-1].append(c)
-        else:
-            out.append([c])
-    return out
 
 
 # (ok, answered, detail) of one max_tokens=1 generation

@@ -95,6 +95,17 @@ def plan(section: RestartSection, nodes: Sequence[NodeSection] = ()) -> list[Pla
     return [replace(c, group=g) for g, phase in enumerate(phases) for c in phase]
 
 
+def groups(commands: Sequence[PlannedCommand]) -> list[list[PlannedCommand]]:
+    """The plan's commands by group, in order (`PlannedCommand.group`): each group runs at once, one after another."""
+    out: list[list[PlannedCommand]] = []
+    for c in commands:
+        if out and out[-1][0].group == c.group:
+            out[-1].append(c)
+        else:
+            out.append([c])
+    return out
+
+
 def _first_start(steps: Sequence[StepSection], node: str | None = None) -> int | None:
     """The first starting step (of ``node``'s steps, or of all): start/restart, else the first command step that
     does not say what it does (``action = "run"``, the default)."""

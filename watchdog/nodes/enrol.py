@@ -161,7 +161,8 @@ AGENT_KEYS: tuple[tuple[str, str, str], ...] = (
 
 def agent_toml(node: str, head: str) -> str:
     """The node's agent.toml: every key at its default, with what it means; the restart steps as a commented
-    example (the head's [[restart.steps]] with ``node = "<node>"`` must match one of them exactly)."""
+    example (the head's [[restart.steps]] with ``node = "<node>"``, or ``nodes`` naming it, must match one of them
+    exactly)."""
     width = max(len(f"{k} = {v}") for k, v, _ in AGENT_KEYS) + 2
     lines = [f"# engine-watchdog agent config for node {node!r} (head: {head}); docs/two-nodes.md explains each key.",
              "# It decides what the head may do on this node; unknown keys are refused with the key named.",

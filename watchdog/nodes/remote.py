@@ -26,7 +26,7 @@ from watchdog.core.ring import Ring
 from watchdog.core.roles import ENGINE_ROLES
 from watchdog.evidence.collect.capture import NO_ENGINE
 from watchdog.evidence.collect.context import RING_WARNING, Context
-from watchdog.host.run import RunResult
+from watchdog.host.run import RunResult, exit_text
 from watchdog.nodes.protocol import (
     MAX_RINGS,
     ProtocolError,
@@ -206,7 +206,7 @@ class SshRunner:
         rc, duration = a.get("rc"), a.get("duration")
         rc = rc if isinstance(rc, int) and not isinstance(rc, bool) else None
         where = f"on node {self.link.node.name}"
-        error = clean(a["error"], 500) if a.get("error") else (f"exit status {rc}" if rc else "")
+        error = clean(a["error"], 500) if a.get("error") else (exit_text(rc) if rc else "")
         if rc is None and not error:
             error = "the agent's answer holds no exit status"
         return RunResult(tuple(argv), rc,

@@ -54,11 +54,12 @@ def _group(procs: Sequence[ProcessFinding]) -> str:
     """The processes of one group by name, or past `MAX_NAMED` counted: "61 processes on 8 nodes (Worker_TP0 on
     node node0, Worker_TP1 on node node0 ... Worker_TP63 on node node7)"."""
     names = list(dict.fromkeys(_who(p) for p in procs))
-    if len(names) <= MAX_NAMED:
+    if len(procs) <= MAX_NAMED:
         return _and(names)
     nodes = {p.process.node for p in procs}
     where = f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
-    return f"{len(names)} processes{where} ({names[0]}, {names[1]} ... {names[-1]})"
+    named = f"{names[0]}, {names[1]} ... {names[-1]}" if len(names) > 2 else _and(names)
+    return f"{len(procs)} processes{where} ({named})"  # by count: two engines' Worker_TP0 share a name
 
 
 def _name(p: ProcessFinding) -> str:
@@ -235,7 +236,10 @@ def compose(f: Findings, capture: Capture | None = None, gpu: GpuSaid | None = N
     if f.decision is Decision.STUCK and f.stuck_kind is StuckKind.DIVERGED:
         coll = [p for p in procs if _cls(p) is Cls.IN_COLLECTIVE]
         done = [p for p in procs if p.explanation is not None and p.explanation.name == f.cross_rank.culprit]
-        each = _and([f"{_who(p)} waits in {collective(p) or 'a collective'}" for p in coll])
+        by_op: dict[str, list[ProcessFinding]] = {}
+        for p in coll:
+            by_op.setdefault(collective(p) or "a collective", []).append(p)
+        each = _and([f"{_group(ps)} wait{'s' * (len(ps) == 1)} in {op}" for op, ps in by_op.items()])
         fin = f"; {_group(done)} finished the step and waits in its reader" if done else ""
         return _said(f"the ranks diverged: {each}, collectives that never match{fin}{_rest(procs, None, coll + done)}",
                      Runbook.DIVERGED, done[0] if done else None)
