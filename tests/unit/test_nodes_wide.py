@@ -18,6 +18,7 @@ against the small fake engine page (work pending, no token moving), so what is j
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import EngineModel, fake_engine
-from tests.harness.cluster import Cluster
+from tests.harness.cluster import Cluster, Rank
 from tests.harness.two_node import HeadWatchdog
 from tests.harness.watcher import event_time
 
@@ -106,31 +107,40 @@ def every_rank_dumped(m: dict[str, Any], bundle: Path, cluster: Cluster, skip: s
             assert any(f"Worker_TP{r.rank} on node {r.node.name}" in f for f in files), (r.title, sorted(files)[:4])
 
 
-def test_one_rank_of_sixty_four_stopped_is_frozen_with_every_ranks_stacks_and_its_node(
-        cluster: Cluster, tmp_path: Path) -> None:
-    culprit = cluster.rank(NODES * RANKS - 3)  # on the last node
+@contextlib.contextmanager
+def stalled_under_daemon(cluster: Cluster, culprit: Rank, state: Path) -> Iterator[tuple[HeadWatchdog, EngineModel]]:
+    """The real daemon in the head's namespace, restart steps across every node (`restart_config`), every node seen
+    with its ranks; then ``culprit`` stopped and the fake engine stalled (work pending, no token moving). On the way
+    out: the rank continued, the engine idle, the daemon stopped."""
     with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
-        w = HeadWatchdog(url, cluster.head_nsenter(), tmp_path / "state", restart_config(cluster, url)).start()
+        w = HeadWatchdog(url, cluster.head_nsenter(), state, restart_config(cluster, url)).start()
         try:
             w.wait_for("every node seen with its ranks", lambda: {
                 e["node"] for e in w.events() if e["event"] == "node_state" and e["state"] == "ok"} == {
                 n.name for n in cluster.nodes}, 60)
             culprit.stop()
-            stopped = time.time()
             with model.lock:
                 model.running = 3  # work pending, no token moves
-            frozen = w.wait_for_state("frozen", 90, after=stopped)
-            print(f"stop -> frozen: {event_time(frozen) - stopped:.1f}s: {frozen['reason']}")
-            w.wait_for("the incident's bundle", lambda: list((tmp_path / "state").rglob("manifest.json")), 60)
-            culprit.cont()  # as its node's restart would
-            steps = w.wait_event("restart_steps", 120)
-            recovered = w.wait_event("recovered", 120)
-            assert model.restarts == 1
+            yield w, model
         finally:
             culprit.cont()
             with model.lock:
                 model.running, model.gen = 0, model.gen + 1
             w.stop()
+
+
+def test_one_rank_of_sixty_four_stopped_is_frozen_with_every_ranks_stacks_and_its_node(
+        cluster: Cluster, tmp_path: Path) -> None:
+    culprit = cluster.rank(NODES * RANKS - 3)  # on the last node
+    with stalled_under_daemon(cluster, culprit, tmp_path / "state") as (w, model):
+        stopped = time.time()
+        frozen = w.wait_for_state("frozen", 90, after=stopped - 1)
+        print(f"stop -> frozen: {event_time(frozen) - stopped:.1f}s: {frozen['reason']}")
+        w.wait_for("the incident's bundle", lambda: list((tmp_path / "state").rglob("manifest.json")), 60)
+        culprit.cont()  # as its node's restart would
+        steps = w.wait_event("restart_steps", 120)
+        recovered = w.wait_event("recovered", 120)
+        assert model.restarts == 1
     m, bundle = manifest(tmp_path / "state")
     assert m["culprit"] == culprit.title.removeprefix("VLLM::") and m["culprit_node"] == culprit.node.name, (
         m["culprit"], m["culprit_node"], m["headline"])
@@ -167,22 +177,10 @@ def test_a_stop_failing_on_one_node_is_said_by_name_and_nothing_starts_anywhere(
     before = len(marks_of(cluster))
     culprit = cluster.rank(2)
     try:
-        with fake_engine(EngineModel(gen=10, prompt=10)) as (url, model):
-            w = HeadWatchdog(url, cluster.head_nsenter(), tmp_path / "state", restart_config(cluster, url)).start()
-            try:
-                w.wait_for("every node seen", lambda: len({e["node"] for e in w.events() if e["event"] == "node_state"
-                                                          and e["state"] == "ok"}) == NODES, 60)
-                culprit.stop()
-                with model.lock:
-                    model.running = 3
-                failed = w.wait_event("restart_failed", 150)
-                steps = w.wait_event("restart_steps", 10)
-                assert model.restarts == 0
-            finally:
-                culprit.cont()
-                with model.lock:
-                    model.running, model.gen = 0, model.gen + 1
-                w.stop()
+        with stalled_under_daemon(cluster, culprit, tmp_path / "state") as (w, model):
+            failed = w.wait_event("restart_failed", 150)
+            steps = w.wait_event("restart_steps", 10)
+            assert model.restarts == 0
     finally:
         (marks / f"fail-{failing.addr}").unlink()
     print(f"restart_failed: {failed['error']}")
