@@ -3,6 +3,7 @@ Ctrl-C on a terminal ends a verb with one line, no traceback."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -12,9 +13,11 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tests.fakes import FAST, EngineModel, fake_engine
+from watchdog.cli.progress import Progress
 
 
 class OnTerminal:
@@ -169,3 +172,41 @@ def test_ctrl_c_on_a_terminal_is_one_line_and_exit_130_never_a_traceback(tmp_pat
             rc, out, err = term.finish()
     assert rc == 130 and err.endswith("watchdog: interrupted\n"), err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and out == ""
+
+
+class _Terminal(io.StringIO):
+    """A terminal that yields the GIL inside every write, as a real one under load would: lines written in pieces by
+    two threads interleave here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        time.sleep(0.001)
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_progress_from_many_threads_writes_each_line_whole() -> None:
+    term = _Terminal()
+    said = Progress("nodes", term)
+    gate = threading.Barrier(8)
+
+    def say(n: int) -> None:
+        gate.wait()
+        for i in range(5):
+            said.say(f"node{n}: fine ({i})")
+
+    threads = [threading.Thread(target=say, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(term.writes) == 40 and all(w.endswith("\n") and w.count("\n") == 1 for w in term.writes)
+    lines = term.getvalue().splitlines()
+    assert sorted(line.split(": ", 2)[2] for line in lines) == sorted(
+        f"node{n}: fine ({i})" for n in range(8) for i in range(5))

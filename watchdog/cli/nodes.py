@@ -14,6 +14,7 @@ import json
 import math
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -123,12 +124,14 @@ def cmd_nodes(cfg: Config, args: argparse.Namespace) -> int:
     said = Progress("nodes")
     said.say(f"checking {len(cfg.nodes)} node(s) over ssh: {', '.join(n.name for n in cfg.nodes)}")
     done: list[str] = []
+    counted = threading.Lock()
 
     def check(node: NodeSection) -> dict[str, Any]:
         r = check_node(node)
-        done.append(node.name)  # list.append: one at a time under the GIL
         state = "fine" if r["fine"] else f"{len(r['problems'])} problem(s)"
-        said.say(f"{node.name}: {state} ({len(done)} of {len(cfg.nodes)} checked)")
+        with counted:  # the count and its line together: two nodes done at once are "1 of 2", then "2 of 2"
+            done.append(node.name)
+            said.say(f"{node.name}: {state} ({len(done)} of {len(cfg.nodes)} checked)")
         return r
 
     with ThreadPoolExecutor(max_workers=len(cfg.nodes)) as pool:

@@ -5,6 +5,7 @@ a terminal: piped or redirected (scripts, journald, ``--json`` into jq) nothing 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -18,12 +19,15 @@ class Progress:
         except (AttributeError, ValueError):  # a closed or odd stream: no terminal
             self.on = False
         self.began = time.monotonic()
+        self._lock = threading.Lock()  # `nodes` says from a thread per node: one whole line at a time
 
     def say(self, text: str) -> None:
         if not self.on:
             return
-        try:
-            print(f"watchdog {self.verb}: {time.monotonic() - self.began:.1f}s: {text}", file=self.stream,
-                  flush=True)
+        line = f"watchdog {self.verb}: {time.monotonic() - self.began:.1f}s: {text}\n"
+        try:  # one write of the whole line: print() writes the text and its newline apart, and two threads
+            with self._lock:  # interleaved them into "a: fine b: fine" on one line (seen in CI)
+                self.stream.write(line)
+                self.stream.flush()
         except (OSError, ValueError):  # the terminal went away: the verb goes on, its result still printed
             self.on = False
