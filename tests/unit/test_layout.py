@@ -9,6 +9,7 @@ fails until it is put in one, so none is left unchecked by omission.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,17 @@ def test_one_role_vocabulary() -> None:
             if isinstance(node, ast.Constant) and node.value in ("engine_core", "sglang_scheduler", "ray_worker"):
                 spelled.append(f"{p.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
     assert not spelled, spelled
+
+
+def test_the_scripts_run_files_that_exist() -> None:
+    """A script that runs `python3 some/file.py` names a file of this tree (the device scripts kept running
+    `device/...` after the GPU fixtures moved under tests/)."""
+    root = PACKAGE.parent
+    missing = []
+    for script in sorted((root / "scripts").iterdir()):
+        if not script.is_file():
+            continue
+        for path in re.findall(r"\b(?:python3?|bash) ((?:[\w.-]+/)+[\w.-]+\.(?:py|sh))\b", script.read_text()):
+            if not (root / path).is_file():
+                missing.append(f"{script.name}: {path}")
+    assert not missing, missing
