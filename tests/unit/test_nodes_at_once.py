@@ -54,5 +54,5 @@ def test_every_nodes_context_is_asked_at_once_and_a_dead_one_is_said_by_name() -
 @pytest.mark.parametrize("dead", ["", "w2"])
 def test_every_nodes_stacks_are_asked_at_once(dead: str) -> None:
     cap = evidence(dead).capture_with(lambda: Capture((), ({}, {}), (), {}))
-    reached = {n: v["reachable"] for n, v in cap.options["nodes"].items()}
+    reached = {n.node: n.reachable for n in cap.nodes}
     assert reached == {n: n != dead for n in NAMES}, reached

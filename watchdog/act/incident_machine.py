@@ -115,7 +115,7 @@ def _tick(d: Draft, ev: Tick) -> None:
 def _walls_ahead(d: Draft) -> None:
     """Walls remembered ahead of the clock (it stepped back since: NTP on a host whose clock ran ahead) are moved to
     now, once: a restart an hour "in the future" would hold the next one an hour in backoff, and a give-up there
-    would outlive `watchdog reset` (found by the storm, seed 528390879: a down engine left unrestarted)."""
+    would outlive `watchdog reset`, and a down engine would stay unrestarted."""
     m, now = d.memory, d.wall
     ahead = [t for t in m.restarts if t > now] + ([m.gave_up.at] if m.gave_up and m.gave_up.at > now else [])
     if not ahead:

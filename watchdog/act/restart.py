@@ -53,6 +53,7 @@ from watchdog.config.restart_plan import (
     secs,
     shm_check_at,
 )
+from watchdog.core.processes import LOCAL
 from watchdog.host.run import LocalRunner, RunResult
 
 log = logging.getLogger(__name__)
@@ -215,11 +216,12 @@ class Restarter:
                 results.append(result)
                 records.append(record)
             if failed := [(c, r) for c, (r, _, ok) in zip(group, done, strict=True) if not ok]:
-                if len(group) == 1:
-                    return outcome(False, group[0].description, error=done[0][0].error)
+                if len(group) == 1:  # a remote runner's error is the node's; the node is said here, once
+                    c, r = failed[0]
+                    return outcome(False, c.description, error=r.error if c.node == LOCAL else
+                                   f"on node {c.node}: {r.error}")
                 return outcome(False, "; ".join(f"{c.description} on node {c.node}" for c, _ in failed),
-                               error="; ".join(f"{c.node}: {r.error.removeprefix(f'on node {c.node}: ')}"
-                                               for c, r in failed))
+                               error="; ".join(f"{c.node}: {r.error}" for c, r in failed))
         if self.check_at == len(self.commands):
             shm = self._check_shm(records)
         return outcome(True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from watchdog.act.restart import ShmReport
 from watchdog.config.load import Config
-from watchdog.config.nodes import LOCAL
+from watchdog.core.processes import LOCAL
 from watchdog.evidence.collect.capture import run_argv
 from watchdog.host.docker_cli import container_pid
 from watchdog.host.ns_paths import root_of

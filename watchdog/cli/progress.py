@@ -25,8 +25,8 @@ class Progress:
         if not self.on:
             return
         line = f"watchdog {self.verb}: {time.monotonic() - self.began:.1f}s: {text}\n"
-        try:  # one write of the whole line: print() writes the text and its newline apart, and two threads
-            with self._lock:  # interleaved them into "a: fine b: fine" on one line (seen in CI)
+        try:  # one write of the whole line under the lock: print() writes the text and its newline apart, and two
+            with self._lock:  # threads' lines would interleave into "a: fine b: fine" on one line
                 self.stream.write(line)
                 self.stream.flush()
         except (OSError, ValueError):  # the terminal went away: the verb goes on, its result still printed

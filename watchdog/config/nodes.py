@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-LOCAL = "local"
+from watchdog.core.processes import LOCAL  # this host, as a node's name
+
 MAX_LOG_LINES = 5000  # the agent's cap on a log tail (watchdog.nodes.agent, verb context)
 # The ranges a node's agent takes (`watchdog.nodes.arguments`), and so the ones the head's config may give when it
 # has [[nodes]] (`check_nodes`): one place, so that a value the head accepts is never one every node refuses

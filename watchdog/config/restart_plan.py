@@ -40,7 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from watchdog.config.act import RestartSection, StepSection
-from watchdog.config.nodes import LOCAL, NodeSection
+from watchdog.config.nodes import NodeSection
+from watchdog.core.processes import LOCAL
 
 STARTING_VERBS = ("start", "restart")
 

@@ -98,11 +98,20 @@ class Dump:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeReach:
+    """What one capture heard from another node it asked for stacks."""
+    node: str
+    processes: int  # how many of its processes came back
+    clock_offset_s: float | None  # its wall clock minus ours (None: not known)
+    reachable: bool  # False: the call did not get through
+
+
+@dataclass(frozen=True, slots=True)
 class Capture:
     processes: tuple[EngineProcess, ...]
     rounds: tuple[dict[ProcessId, Dump], ...]  # one dict per capture round, by process
     problems: tuple[Problem, ...] = ()
-    options: dict[str, object] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)  # the capture's settings, as the manifest says them
     # one --native dump of each process holding a GPU, after the rounds: evidence beside the Python stacks (their
     # host waits are in CUDA/NCCL frames); the rounds, not these, decide (native frames churn inside a wait)
     native: dict[ProcessId, Dump] = field(default_factory=dict)
@@ -111,6 +120,7 @@ class Capture:
     # the broadcast rings' flags, read once after the rounds (watchdog.evidence.collect.ring): a written block that a
     # parked reader never took is the lost wake-up
     rings: tuple[Ring, ...] = ()
+    nodes: tuple[NodeReach, ...] = ()  # every other node asked, reached or not (`watchdog.nodes.remote.merge`)
 
     @property
     def complete(self) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from watchdog.config.load import Config
-from watchdog.core.processes import Capture, Dump, EngineProcess, NodeContext, Problem, ProcessId
+from watchdog.core.processes import Capture, Dump, EngineProcess, NodeContext, NodeReach, Problem, ProcessId
 from watchdog.core.ring import Ring
 from watchdog.core.roles import ENGINE_ROLES
 from watchdog.evidence.collect.capture import NO_ENGINE
@@ -56,10 +56,10 @@ class NodeCapture:
 
 
 class RemoteEvidence:
-    def __init__(self, cfg: Config, links: Mapping[str, NodeLink]) -> None:
-        """``links``: one per node (`transport.open_links`), shared with the other stages; their owner closes them."""
-        self.cfg = cfg
-        self.links = links
+    def __init__(self, cfg: Config, links: Mapping[str, NodeLink], wall: Callable[[], float] = time.time) -> None:
+        """``links``: one per node (`transport.open_links`), shared with the other stages; their owner closes them.
+        ``wall``: this host's wall clock, against which each node's clock offset is measured."""
+        self.cfg, self.links, self.wall = cfg, links, wall
         self.offsets: dict[str, float] = {}
 
     def _capture(self, name: str) -> NodeCapture:
@@ -68,7 +68,7 @@ class RemoteEvidence:
         budget = c.rounds * (2 * c.timeout) + c.gap * c.rounds + 15
         try:
             a = self.links[name].call("stacks", args, timeout=budget)
-            got = time.time()
+            got = self.wall()
             cap = a.get("capture")
             if not isinstance(cap, dict) or not isinstance(cap.get("processes"), list) \
                     or not isinstance(cap.get("rounds"), list) or len(cap["rounds"]) > 16:
@@ -82,8 +82,8 @@ class RemoteEvidence:
             rounds = tuple({ProcessId(name, pid): dump_from_json(x, pid, 0.0)
                             for x in _objects(r) if (pid := pid_of(x.get("pid"))) in procs} for r in cap["rounds"])
             # the node stamps its answer ("wall") as it sends it, after the capture's seconds: its clock minus ours is
-            # wall - got, low by the answer's way back and the agent's exit (tens of ms; measured 1.5 s off when it
-            # was taken against the middle of the call, which holds the whole capture)
+            # wall - got, low by the answer's way back and the agent's exit (tens of ms); against the middle of the
+            # call it would be off by half the capture
             self.offsets[name] = round(number(a.get("wall"), "wall") - got, 3)
             problems = tuple(Problem(clean(p), name) for p in _strings(cap.get("problems")))
             return NodeCapture(name, tuple(procs.values()), rounds, problems, self.offsets[name],
@@ -180,14 +180,11 @@ def merge(base: Capture, remote: Sequence[NodeCapture]) -> Capture:
             if i < len(rounds):
                 rounds[i].update(rnd)
         problems.extend(r.problems)
-    options: dict[str, Any] = {**base.options, "nodes": {r.node: {"processes": len(r.processes),
-                                                                  "clock_offset_s": r.clock_offset,
-                                                                  "reachable": r.reachable}
-                                                         for r in remote}}
-    return Capture(tuple(processes), tuple(rounds), tuple(problems), options, dict(base.native),
+    return Capture(tuple(processes), tuple(rounds), tuple(problems), dict(base.options), dict(base.native),
                    rings=(*base.rings, *(x for r in remote for x in r.rings)),
                    unseen_nodes=tuple(r.node for r in remote if r.failed or not any(
-                       p.role in ENGINE_ROLES for p in r.processes)))
+                       p.role in ENGINE_ROLES for p in r.processes)),
+                   nodes=tuple(NodeReach(r.node, len(r.processes), r.clock_offset, r.reachable) for r in remote))
 
 
 class SshRunner:
@@ -201,18 +198,15 @@ class SshRunner:
         try:
             a = self.link.call("run", {"argv": list(argv), "timeout": timeout}, timeout=timeout + 15)
         except NodeError as e:
-            return RunResult(tuple(argv), None, time.monotonic() - started, e.kind == "timeout",
-                             error=f"on node {self.link.node.name}: {e.message}")
+            return RunResult(tuple(argv), None, time.monotonic() - started, e.kind == "timeout", error=e.message)
         rc, duration = a.get("rc"), a.get("duration")
         rc = rc if isinstance(rc, int) and not isinstance(rc, bool) else None
-        where = f"on node {self.link.node.name}"
         error = clean(a["error"], 500) if a.get("error") else (exit_text(rc) if rc else "")
         if rc is None and not error:
             error = "the agent's answer holds no exit status"
         return RunResult(tuple(argv), rc,
                          float(duration) if isinstance(duration, int | float) and 0 <= duration < 1e6 else 0.0,
-                         a.get("timed_out") is True, clean(a.get("output") or "", 4096, "\n\t"),
-                         f"{where}: {error}" if error else "")
+                         a.get("timed_out") is True, clean(a.get("output") or "", 4096, "\n\t"), error)
 
 
 def node_runners(links: Mapping[str, NodeLink]) -> dict[str, SshRunner]:

@@ -101,8 +101,8 @@ class LivenessStream:
                 # never makes a line, is no report either
                 if time.monotonic() - last >= silence:
                     raise Silent(f"no liveness report for {silence:g}s")
-                # no shorter wake-up: `stop` kills the stream's group, and its pipes' EOF wakes this select (a
-                # 0.5 s poll here was most of the head's CPU with eight nodes: 16 wake-ups a second for nothing)
+                # no shorter wake-up: `stop` kills the stream's group, and its pipes' EOF wakes this select (with
+                # eight nodes, a poll twice a second per stream would be most of the head's CPU)
                 events = sel.select(max(0.0, last + silence - time.monotonic()))
                 for key, _ in events:
                     chunk = os.read(key.fd, 65536)
@@ -153,8 +153,9 @@ class NodeWatch:
     """Every node's liveness, for the daemon: `views` each pass; `changes` says what changed since the last call.
     Its streams run over ``links`` (`transport.open_links`), which their owner closes."""
 
-    def __init__(self, nodes: tuple[NodeSection, ...], links: Mapping[str, NodeLink]) -> None:
-        self.streams = [LivenessStream(links[n.name]).start() for n in nodes]
+    def __init__(self, nodes: tuple[NodeSection, ...], links: Mapping[str, NodeLink],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.streams = [LivenessStream(links[n.name], clock).start() for n in nodes]
         self._last: dict[str, str] = {}
 
     def views(self) -> list[NodeView]:

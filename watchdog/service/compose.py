@@ -138,9 +138,9 @@ def _build(parts: Parts, cfg: Config, state_dir: Path, http: EngineHTTP, hooks: 
         if parts.gpu.start():
             parts.gpu = None  # said once by the monitor: no GPU here, and nothing else happens
     if cfg.nodes:
-        parts.nodes = NodeWatch(cfg.nodes, parts.links)
+        parts.nodes = NodeWatch(cfg.nodes, parts.links, clock.mono)
     if cfg.capture.enabled:
-        parts.remote = RemoteEvidence(cfg, parts.links) if cfg.nodes else None
+        parts.remote = RemoteEvidence(cfg, parts.links, clock.wall) if cfg.nodes else None
         investigator = Investigator(cfg, http, gpu=parts.gpu, others=parts.remote,
                                     reading=lambda: watcher.page)  # the page the judge read last
         for problem in investigator.preflight():
@@ -159,7 +159,7 @@ def _act_stage(parts: Parts, cfg: Config, state_dir: Path, http: EngineHTTP, hoo
     # a step on another node runs there, through its agent (watchdog.nodes.remote.SshRunner), so do that node's
     # pre-start hook and /dev/shm check (the node's one shared link for both)
     runners: dict[str, Runner] | None = {"local": LocalRunner(), **node_runners(parts.links)} if cfg.nodes else None
-    restarter = (Restarter(cfg.restart, runners, nodes=cfg.nodes, sweepers=sweepers(cfg, parts.links))
+    restarter = (Restarter(cfg.restart, runners, clock.mono, cfg.nodes, sweepers(cfg, parts.links), clock.wall)
                  if cfg.restart.steps else None)
 
     def generate() -> tuple[bool, bool, str]:

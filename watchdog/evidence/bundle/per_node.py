@@ -27,8 +27,8 @@ def _lines(text: str) -> int:
 def per_node(capture: Capture, contexts: dict[str, NodeContext], problems: Sequence[Problem],
              local_log_source: str = "", local_log_tail: str = "") -> dict[str, dict[str, Any]]:
     """One entry per node (see the module's doc); ``problems``: the capture's and the context's, all nodes."""
-    remote_opts: dict[str, Any] = dict(capture.options.get("nodes") or {})  # type: ignore[call-overload]
-    names = [LOCAL, *remote_opts, *(n for n in contexts if n not in remote_opts)]
+    reach = {n.node: n for n in capture.nodes}
+    names = [LOCAL, *reach, *(n for n in contexts if n not in reach)]
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         procs = [p for p in capture.processes if p.node == name]
@@ -45,10 +45,9 @@ def per_node(capture: Capture, contexts: dict[str, NodeContext], problems: Seque
             entry.update(reachable=True, clock_offset_s=0.0, log_source=local_log_source,
                          log_lines=_lines(local_log_tail))
         else:
-            opts = dict(remote_opts.get(name) or {})
-            ctx = contexts.get(name)
-            entry.update(reachable=bool(opts.get("reachable", ctx is not None and ctx.reached)),
-                         clock_offset_s=opts.get("clock_offset_s"),
+            asked, ctx = reach.get(name), contexts.get(name)
+            entry.update(reachable=asked.reachable if asked else ctx is not None and ctx.reached,
+                         clock_offset_s=asked.clock_offset_s if asked else None,
                          log_source=ctx.log_source if ctx else "", log_lines=_lines(ctx.log_tail) if ctx else 0,
                          versions=dict(ctx.versions) if ctx else {},
                          shm_segments=ctx.shm_segments if ctx else None)
