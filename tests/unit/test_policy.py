@@ -26,7 +26,7 @@ B = Budget(budget=3, window=3600.0, backoff_initial=60.0, backoff_max=900.0)
 NOW = 1_800_000_000.0
 
 
-def decide(kind: str = "frozen", restarts: tuple[float, ...] = (), **kw: object) -> Choice:
+def decide(kind: Kind = Kind.FROZEN, restarts: tuple[float, ...] = (), **kw: object) -> Choice:
     return choose(kind, budget=B, restarts=list(restarts), now=NOW, **kw).choice  # type: ignore[arg-type]
 
 
@@ -47,29 +47,29 @@ def test_budget_counts_only_the_window_and_what_came_after_a_reset() -> None:
 
 def test_first_restart_is_immediate_then_backoff_then_give_up() -> None:
     assert decide() == Choice.RESTART
-    d = choose("frozen", budget=B, restarts=[NOW - 10], now=NOW)
+    d = choose(Kind.FROZEN, budget=B, restarts=[NOW - 10], now=NOW)
     assert d.choice == Choice.WAIT and d.not_before == NOW - 10 + 60 and "50s" in d.reason
     assert decide(restarts=(NOW - 61,)) == Choice.RESTART
     assert decide(restarts=(NOW - 500, NOW - 100)) == Choice.WAIT  # 2 issued: 120 s after the last
     assert decide(restarts=(NOW - 500, NOW - 121)) == Choice.RESTART
-    spent = choose("frozen", budget=B, restarts=[NOW - 900, NOW - 500, NOW - 100], now=NOW)
+    spent = choose(Kind.FROZEN, budget=B, restarts=[NOW - 900, NOW - 500, NOW - 100], now=NOW)
     assert spent.choice == Choice.GIVE_UP and "a human is needed" in spent.reason
 
 
 @pytest.mark.parametrize(("kw", "kind", "want"), [
-    ({"paused": True}, "frozen", Choice.PAUSED),
-    ({"paused": True, "gave_up": True}, "frozen", Choice.PAUSED),  # pause wins: nothing at all happens
-    ({"gave_up": True}, "frozen", Choice.OBSERVE),
-    ({"stacks_working": True}, "frozen", Choice.HOLD),
-    ({"stacks_working": True}, "down", Choice.RESTART),  # a dead server is not held by old stacks
-    ({"supervised": True}, "down", Choice.AWAIT_SUPERVISOR),
-    ({"supervised": True}, "frozen", Choice.RESTART),  # a supervisor does not see a freeze
-    ({"on_boot_timeout": False}, "boot_timeout", Choice.OBSERVE),
-    ({}, "boot_timeout", Choice.RESTART),
-    ({"has_steps": False}, "frozen", Choice.OBSERVE),
-    ({"dry_run": True}, "frozen", Choice.DRY_RUN),
+    ({"paused": True}, Kind.FROZEN, Choice.PAUSED),
+    ({"paused": True, "gave_up": True}, Kind.FROZEN, Choice.PAUSED),  # pause wins: nothing at all happens
+    ({"gave_up": True}, Kind.FROZEN, Choice.OBSERVE),
+    ({"stacks_working": True}, Kind.FROZEN, Choice.HOLD),
+    ({"stacks_working": True}, Kind.DOWN, Choice.RESTART),  # a dead server is not held by old stacks
+    ({"supervised": True}, Kind.DOWN, Choice.AWAIT_SUPERVISOR),
+    ({"supervised": True}, Kind.FROZEN, Choice.RESTART),  # a supervisor does not see a freeze
+    ({"on_boot_timeout": False}, Kind.BOOT_TIMEOUT, Choice.OBSERVE),
+    ({}, Kind.BOOT_TIMEOUT, Choice.RESTART),
+    ({"has_steps": False}, Kind.FROZEN, Choice.OBSERVE),
+    ({"dry_run": True}, Kind.FROZEN, Choice.DRY_RUN),
 ])
-def test_choice_order(kw: dict[str, object], kind: str, want: Choice) -> None:
+def test_choice_order(kw: dict[str, object], kind: Kind, want: Choice) -> None:
     assert decide(kind, **kw) == want
 
 

@@ -227,7 +227,7 @@ def _confirmed(d: Draft, inc: Incident) -> bool:
 def _ruling(d: Draft, inc: Incident, working: bool = False, paused: bool | None = None) -> Ruling:
     s, m = d.s, d.memory
     gave_up = m.gave_up is not None and m.gave_up.at >= d.book.reset_at
-    return choose(inc.kind.value, budget=budget(s), restarts=m.restarts, now=d.wall, reset_at=d.book.reset_at,
+    return choose(inc.kind, budget=budget(s), restarts=m.restarts, now=d.wall, reset_at=d.book.reset_at,
                   stacks_working=working, paused=d.book.paused if paused is None else paused, dry_run=s.dry_run,
                   gave_up=gave_up, has_steps=s.has_steps, supervised=s.supervised, on_boot_timeout=s.on_boot_timeout)
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from watchdog.act.incident_types import Kind
 from watchdog.config.act import RestartSection
 
 
@@ -65,19 +66,19 @@ class Budget:
         return recent[-1] + self.backoff(len(recent)) if recent else now
 
 
-def choose(kind: str, *, budget: Budget, restarts: Sequence[float], now: float, reset_at: float = 0.0,
+def choose(kind: Kind, *, budget: Budget, restarts: Sequence[float], now: float, reset_at: float = 0.0,
            stacks_working: bool = False, paused: bool = False, dry_run: bool = False, gave_up: bool = False,
            has_steps: bool = True, supervised: bool = False, on_boot_timeout: bool = True) -> Ruling:
-    """What to do about an open incident of ``kind`` (frozen | down | boot_timeout), confirmed still bad now."""
+    """What to do about an open incident of ``kind`` (frozen, down or boot_timeout), confirmed still bad now."""
     if paused:
         return Ruling(Choice.PAUSED, "paused for maintenance: no action (`watchdog resume` ends it)")
     if gave_up:
         return Ruling(Choice.OBSERVE, "gave up earlier: observe only until `watchdog reset`")
-    if kind == "frozen" and stacks_working:
+    if kind == Kind.FROZEN and stacks_working:
         return Ruling(Choice.HOLD, "the stacks show the engine working (moving between captures): holding")
-    if kind == "down" and supervised:
+    if kind == Kind.DOWN and supervised:
         return Ruling(Choice.AWAIT_SUPERVISOR, "the stack's supervisor restarts it: waiting for it to serve")
-    if kind == "boot_timeout" and not on_boot_timeout:
+    if kind == Kind.BOOT_TIMEOUT and not on_boot_timeout:
         return Ruling(Choice.OBSERVE, "restart.on_boot_timeout is off: alert only")
     if not has_steps:
         return Ruling(Choice.OBSERVE, "no restart steps configured: alert only")
