@@ -152,9 +152,9 @@ TABLE = [
     Row("dry run: described, not run", book(incident()), tick(State.FROZEN, 50),
         ["save", "event:restart_not_run", "say"], Phase.OBSERVING, replace(S, dry_run=True)),
     Row("the steps done: now proving", book(incident(Phase.RESTARTING, attempts=1)),
-        tick(State.DOWN, 5, recovering="proving", steps=STEPS), ["save", "event:restart_steps"], Phase.PROVING),
+        tick(State.DOWN, 5, recovering=Phase.PROVING, steps=STEPS), ["save", "event:restart_steps"], Phase.PROVING),
     Row("restarting: nothing else decided", book(incident(Phase.RESTARTING, attempts=1)),
-        tick(State.DOWN, 5, recovering="restarting"), NOTHING, Phase.RESTARTING),
+        tick(State.DOWN, 5, recovering=Phase.RESTARTING), NOTHING, Phase.RESTARTING),
     Row("recovered: resolved", book(incident(Phase.PROVING, attempts=1)),
         tick(State.IDLE, ended=RecoveryEnded("i-1", True, "ready", "one token", W0 - 1, 5.0)),
         ["event:recovered", "alert:recovered", *RESOLVED], None),
@@ -164,7 +164,7 @@ TABLE = [
         ["event:restart_steps", "save", "event:restart_failed", "alert:restart_failed",
          "save", "event:restart_not_run", "say"], Phase.WAITING),
     Row("another incident's recovery: ignored", book(incident(Phase.PROVING, attempts=1)),
-        tick(State.DOWN, 5, recovering="proving", ended=RecoveryEnded("i-0", True, "ready", "x")), NOTHING,
+        tick(State.DOWN, 5, recovering=Phase.PROVING, ended=RecoveryEnded("i-0", True, "ready", "x")), NOTHING,
         Phase.PROVING),
     Row("progress again: resolved without a restart", book(incident()), tick(State.WORKING), RESOLVED, None),
     Row("work nothing was seen to move of (a new watcher's first page): not cleared", book(incident(Phase.OBSERVING),
@@ -282,7 +282,7 @@ def test_random_event_sequences_keep_the_promises(seq: list[tuple[tuple[Any, ...
     s = replace(S, capture=capture, down_bundles=capture, supervised=supervised)
     b, wall, mono = Book(), W0, M0
     running: str | None = None  # the incident whose recovery runs (the edge runs one at a time)
-    recovering = "restarting"
+    recovering = Phase.RESTARTING
     closed: set[str] = set()
     opened: list[str] = []
     for n, (move, dt, jump) in enumerate(seq):
@@ -301,9 +301,9 @@ def test_random_event_sequences_keep_the_promises(seq: list[tuple[tuple[Any, ...
                 continue
             ev = Tick((verdict(State.IDLE if move[1] else State.DOWN, 0, mono),), mono, False, nonce=f"{n:04x}",
                       ended=RecoveryEnded(running, move[1], move[2], "detail", wall if move[1] else None))
-            running, recovering = None, "restarting"
+            running, recovering = None, Phase.RESTARTING
         elif move[0] == "proving":
-            recovering = "proving"
+            recovering = Phase.PROVING
             continue
         elif move[0] == "sight":
             ev = Sighted((verdict(State.IDLE, 0, mono),), (LOST if move[1] else SEEN,), mono, False, f"{n:04x}")

@@ -113,7 +113,7 @@ def test_freeze_waits_for_its_stacks_then_restarts_with_state_on_disk_first(h: H
     h.step(State.FROZEN)
     assert len(h.recovery.jobs) == 1 and h.names().count("incident_opened") == 1
     assert h.r.status(h.clock.wall)["incident"]["phase"] == "restarting"
-    h.recovery.progress = Progress("proving", h.clock.wall)  # the steps are done
+    h.recovery.progress = Progress(Phase.PROVING, h.clock.wall)  # the steps are done
     h.step(State.STARTING)
     assert h.r.status(h.clock.wall)["incident"]["phase"] == "proving"
     assert json.loads((h.tmp / "recovery.json").read_text())["incident"]["phase"] == "proving"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_respond import Harness, config
+from watchdog.act.incident_types import Phase
 from watchdog.act.restart import Progress, RecoveryDone, Restarter, RestartOutcome, ShmReport
 from watchdog.act.shm_sweep import LocalShm, NodeShm
 from watchdog.config.act import RestartSection, StepSection
@@ -257,7 +258,7 @@ def test_restart_steps_event_says_what_ran_and_what_shm_held_once(tmp_path: Path
     assert h.names()[-1] == "restart_started"
     outcome = RestartOutcome(True, (), steps=({"what": "command /opt/ctl", "node": "w1", "ok": True},),
                              shm=(ShmReport("w1", (("psm_1", 10),), (("psm_1", 10),)),))
-    h.recovery.progress = Progress("proving", h.clock.wall, outcome=outcome)
+    h.recovery.progress = Progress(Phase.PROVING, h.clock.wall, outcome=outcome)
     h.step(State.DOWN)
     h.step(State.DOWN)
     ev = [e for e in h.events if e["event"] == "restart_steps"]

@@ -101,7 +101,7 @@ def _tick(d: Draft, ev: Tick) -> None:
             _open(d, *opened)
         return
     if inc.phase in ACTIVE:
-        if inc.phase == Phase.RESTARTING and ev.recovering == Phase.PROVING.value:
+        if inc.phase == Phase.RESTARTING and ev.recovering == Phase.PROVING:
             inc = d.keep(replace(inc, phase=Phase.PROVING))  # the steps are done: waiting for a generation
             d.save()
             _steps_event(d, inc, ev.steps)

@@ -166,7 +166,7 @@ class Tick:
     paused: bool
     reset_at: float = 0.0
     nonce: str = "0000"  # a few random hex digits for the id of an incident opened now
-    recovering: str | None = None  # the running recovery's phase: restarting | proving
+    recovering: Phase | None = None  # the running recovery's phase: RESTARTING or PROVING
     steps: StepsDone | None = None  # the restart steps' outcome, once they are done
     ended: RecoveryEnded | None = None  # the recovery that ended since the last pass
 

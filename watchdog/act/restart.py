@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from watchdog.act.incident_types import RecoveryJob
+from watchdog.act.incident_types import Phase, RecoveryJob
 from watchdog.config.act import RestartSection
 from watchdog.config.nodes import NodeSection
 from watchdog.config.restart_plan import (
@@ -244,7 +244,7 @@ class RecoveryDone:
 
 @dataclass(frozen=True, slots=True)
 class Progress:
-    phase: str  # restarting | proving
+    phase: Phase  # RESTARTING or PROVING
     since: float  # wall
     last_try: str = ""
     tries: int = 0
@@ -313,7 +313,7 @@ class RecoveryRunner:
         steps_took, outcome = 0.0, None
         ends = self._clock() + job.timeout  # on the monotonic clock: a step of the wall clock is no boot timeout
         if job.restart:
-            self.progress = Progress("restarting", self._wall())
+            self.progress = Progress(Phase.RESTARTING, self._wall())
             if self.restarter is None:
                 raise RuntimeError("no restart steps configured")
             outcome = self.restarter.run(self._cancel)
@@ -322,7 +322,7 @@ class RecoveryRunner:
                 why = f"{outcome.failed}: {outcome.error}" if outcome.error else outcome.failed
                 return RecoveryDone(job, False, "steps", why, steps_duration=steps_took, outcome=outcome)
         started, began = self._wall(), self._clock()
-        self.progress = Progress("proving", started, outcome=outcome)
+        self.progress = Progress(Phase.PROVING, started, outcome=outcome)
         next_log, tries = began + self._log_every, 0
         # not tenacity, though it retries one call: each try also updates `progress` and the periodic log, and a cancel
         # must end the wait with no further try, which a Retrying says only through three callbacks
@@ -330,7 +330,7 @@ class RecoveryRunner:
             ok, _answered, detail = self._generate()
             tries += 1
             now = self._clock()
-            self.progress = Progress("proving", started, detail, tries, outcome)
+            self.progress = Progress(Phase.PROVING, started, detail, tries, outcome)
             if ok:
                 log.info("incident %s: the engine serves again (%s) after %.0fs", job.incident, detail, now - began)
                 return RecoveryDone(job, True, "ready", detail, self._wall(), steps_took, outcome)
