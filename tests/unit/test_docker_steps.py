@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from watchdog.act.restart import Restarter
 from watchdog.config.act import RestartSection, StepSection
-from watchdog.config.restart_plan import docker_kills_argv, docker_time_given, killed_note, output_said
+from watchdog.config.restart_plan import docker_time_given, killed_note, output_said
+from watchdog.host.docker_cli import kills_argv
 from watchdog.host.run import RunResult
 
 NO_DAEMON = ("Cannot connect to the Docker daemon at unix:///tmp/x/nobody.sock. Is the docker daemon running?\n")
@@ -53,7 +54,7 @@ def test_docker_time_given_reads_stop_and_restart_only() -> None:
     assert docker_time_given(("docker", "restart", "--time", "54", "c")) == 54
     assert docker_time_given(("docker", "start", "c")) is None
     assert docker_time_given(("systemctl", "stop", "--time", "8", "c")) is None
-    argv = docker_kills_argv("vllm", 100.0, 110.5)
+    argv = kills_argv("vllm", 100.0, 110.5)
     assert argv[:2] == ("docker", "events") and "container=vllm" in argv and "event=kill" in argv
     assert argv[argv.index("--until") + 1] == "110.500"
 

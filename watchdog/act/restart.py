@@ -44,7 +44,6 @@ from watchdog.config.restart_plan import (
     SYSTEMCTL_NOT_LOADED,
     PlannedCommand,
     argv_for,
-    docker_kills_argv,
     docker_time_given,
     groups,
     killed_note,
@@ -54,6 +53,7 @@ from watchdog.config.restart_plan import (
     shm_check_at,
 )
 from watchdog.core.processes import LOCAL
+from watchdog.host.docker_cli import kills_argv
 from watchdog.host.run import LocalRunner, RunResult
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ class Restarter:
             return ""
         signals: str | None = None
         if command.node == "local":
-            asked = self.runners["local"](docker_kills_argv(result.argv[-1], began - 1.0, self.wall()), 10.0)
+            asked = self.runners["local"](kills_argv(result.argv[-1], began - 1.0, self.wall()), 10.0)
             signals = asked.output if asked.ok else None
         return killed_note(result.argv[1], given, result.duration, signals)
 

@@ -180,16 +180,10 @@ def docker_time_given(argv: Sequence[str]) -> int | None:
         return None
 
 
-def docker_kills_argv(container: str, since: float, until: float) -> tuple[str, ...]:
-    """The signals docker sent ``container`` between two wall times (one per line: 15, then 9 when it killed)."""
-    return ("docker", "events", "--since", f"{since:.3f}", "--until", f"{until:.3f}", "--filter",
-            f"container={container}", "--filter", "event=kill", "--format", "{{.Actor.Attributes.signal}}")
-
-
 def killed_note(verb: str, given: int, took: float, signals: str | None) -> str:
     """What to say of a docker stop/restart that took ``took`` s with ``--time given``: "" when it stopped within
-    that time. ``signals``: what `docker_kills_argv` printed (None: could not be asked; then a stop that took the
-    whole time was killed, a restart (stop, then start) cannot be told)."""
+    that time. ``signals``: what `watchdog.host.docker_cli.kills_argv` printed (None: could not be asked; then a
+    stop that took the whole time was killed, a restart (stop, then start) cannot be told)."""
     if took < given:
         return ""
     if signals is None:

@@ -1,5 +1,5 @@
 """Docker's command line, asked about one container: its id by name, its name by id, its init pid, the host port
-publishing one of its ports; and the argv of its log's tail.
+publishing one of its ports; and the argv of its log's tail and of the signals Docker sent it.
 
 Each question is one argv (never a shell) with a timeout, run by a `Runner` (`run_docker` by default:
 `watchdog.host.run.run_text`; the tests pass a fake) and answered in one shape: ``(value, "")``, or ``(None, why)``
@@ -90,3 +90,10 @@ def logs_argv(container: str, lines: int) -> list[str]:
     """The command for the last ``lines`` of a container's log (the container's stdout on stdout, stderr on
     stderr)."""
     return [DOCKER, "logs", "--tail", str(lines), container]
+
+
+def kills_argv(container: str, since: float, until: float) -> tuple[str, ...]:
+    """The command for the signals Docker sent ``container`` between two wall times (one per line: 15, then 9
+    when it killed)."""
+    return (DOCKER, "events", "--since", f"{since:.3f}", "--until", f"{until:.3f}", "--filter",
+            f"container={container}", "--filter", "event=kill", "--format", "{{.Actor.Attributes.signal}}")
