@@ -7,8 +7,8 @@ real sshd and the real agent, stand-in ranks titled VLLM::Worker_TP<n> parked in
 1. Suspicion -> stacks of every rank on disk, per (nodes x ranks): one rank on the last node SIGSTOPped, work
    pending and no token moving; from the daemon's ``suspect`` event to the mtime of the bundle's manifest (written
    last) holding every rank's dumps. Reported with its ratio to the 1 x 1 run of the same invocation.
-2. Steady state at the largest size (``--soak-minutes``): the engine idle, every node's liveness stream up; every
-   10 s the CPU seconds (utime+stime, reaped children included) and RSS of the head (the daemon and its ssh
+2. Steady state at the largest size (``--soak-minutes``; ``--soak-scrape``: the scrape interval, by default the
+   product's 1 s): the engine idle, every node's liveness stream up; every 10 s the CPU seconds (utime+stime, reaped children included) and RSS of the head (the daemon and its ssh
    children) and of each node's agent side (its sshd and everything under it: the session the head's connection
    holds, the liveness process, short calls). Against, in the same window, a naive head poller: a GET of /metrics
    and a full prometheus_client parse at 1 Hz (bench_engine's NAIVE).
@@ -40,8 +40,13 @@ from tests.harness.cluster import Cluster  # noqa: E402
 from tests.harness.two_node import HeadWatchdog  # noqa: E402
 from tests.harness.watcher import event_time  # noqa: E402
 
-CONFIG = ("[scrape]\ninterval = 0.5\n[probe]\ninterval = 600.0\nretry = 2.0\ntimeout = 30.0\n"
-          "[state]\ntrace_max_bytes = 0\n")
+
+def config(scrape: float) -> str:
+    return (f"[scrape]\ninterval = {scrape}\n[probe]\ninterval = 600.0\nretry = 2.0\ntimeout = 30.0\n"
+            "[state]\ntrace_max_bytes = 0\n")
+
+
+CONFIG = config(0.5)  # the capture runs: a suspicion sooner, the stacks' time the same
 
 
 def rss(pid: int) -> int:
@@ -98,9 +103,9 @@ def capture(nodes: int, ranks: int, root: Path) -> dict[str, Any]:
     return row
 
 
-def soak(nodes: int, ranks: int, minutes: float, root: Path) -> dict[str, Any]:
+def soak(nodes: int, ranks: int, minutes: float, root: Path, scrape: float) -> dict[str, Any]:
     with Cluster(root / "soak", nodes, ranks) as cluster, fake_engine(EngineModel(gen=10, prompt=10)) as (url, _):
-        w = HeadWatchdog(url, cluster.head_nsenter(), root / "soak-state", CONFIG + cluster.toml()).start()
+        w = HeadWatchdog(url, cluster.head_nsenter(), root / "soak-state", config(scrape) + cluster.toml()).start()
         naive = subprocess.Popen([sys.executable, "-c", NAIVE, url], start_new_session=True,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -127,7 +132,8 @@ def soak(nodes: int, ranks: int, minutes: float, root: Path) -> dict[str, Any]:
     agent_pct = [pct(used[f"agent {n}"], wall) for n in agents]
     first, last = samples[0], samples[-1]
     return {
-        "nodes": nodes, "ranks_per_node": ranks, "seconds": round(wall, 1), "samples": len(samples),
+        "nodes": nodes, "ranks_per_node": ranks, "scrape_interval_s": scrape, "seconds": round(wall, 1),
+        "samples": len(samples),
         "head_percent_of_a_core": pct(used["head"], wall),
         "naive_head_percent_of_a_core": pct(used["naive_head"], wall),
         "head_ratio_to_naive": round(used["head"] / max(used["naive_head"], 1e-9), 3),
@@ -146,6 +152,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--grid", default="1,2,4,8x1,4,8", help="NODES,...xRANKS,...")
     ap.add_argument("--soak-minutes", type=float, default=0.0)
+    ap.add_argument("--soak-scrape", type=float, default=1.0, help="[scrape] interval of the soak (default: the "
+                                                                   "product's)")
     ap.add_argument("--out", default="bench/results/nodes.json")
     a = ap.parse_args()
     node_counts, rank_counts = ([int(x) for x in part.split(",")] for part in a.grid.split("x"))
@@ -159,7 +167,7 @@ def main() -> None:
         if base is not None:
             row["ratio_to_1x1"] = round(row["suspect_to_bundle_s"] / max(base["suspect_to_bundle_s"], 1e-9), 2)
     if a.soak_minutes > 0:
-        out["soak"] = soak(max(node_counts), max(rank_counts), a.soak_minutes, root)
+        out["soak"] = soak(max(node_counts), max(rank_counts), a.soak_minutes, root, a.soak_scrape)
         print(json.dumps({k: v for k, v in out["soak"].items() if k != "rss_samples"}), flush=True)
     out["load_average_after"] = os.getloadavg()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,10 @@ class EngineModel:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """Keeps the connection open between requests (HTTP/1.1, every answer with its length), as vLLM's uvicorn does."""
+
     server: _Server
+    protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:
         pass

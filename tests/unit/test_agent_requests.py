@@ -33,7 +33,7 @@ from watchdog.nodes import agent as agent_module
 from watchdog.nodes.agent import serve
 from watchdog.nodes.agent_config import AgentConfig, load_agent_config
 from watchdog.nodes.arguments import ARGS, check_args
-from watchdog.nodes.protocol import MAX_REQUEST_BYTES, VERBS, ProtocolError, depth, load_json, parse_args
+from watchdog.nodes.protocol import MAX_REQUEST_BYTES, VERBS, ProtocolError, clean, depth, load_json, parse_args
 
 DEADLINE = 0.3  # the request deadline in these runs (seconds)
 set_hypothesis_home_dir(str(Path(tempfile.gettempdir()) / "engine-watchdog-hypothesis"))  # not in the checkout
@@ -276,6 +276,39 @@ def test_check_args_types_ranges_and_defaults() -> None:
     ]:
         with pytest.raises(ProtocolError, match=says.replace("(", r"\(").replace(")", r"\)")):
             check_args(verb, args)
+
+
+def _depth_by_hand(text: str) -> int:
+    """The nesting, one character at a time: what `depth` must say of any text."""
+    deepest = level = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif ch in "]}":
+            level -= 1
+    return deepest
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet='[]{}"\\a,:\n', max_size=60) | st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab\n', max_size=6),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(alphabet='[]"\\k', max_size=4), kids,
+                                                               max_size=3)).map(json.dumps))
+def test_depth_is_the_nesting_of_any_text(text: str) -> None:
+    assert depth(text) == _depth_by_hand(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40), st.sampled_from(["", "\n\t"]))
+def test_clean_replaces_every_control_character_and_keeps_the_rest(text: str, keep: str) -> None:
+    want = "".join("\ufffd" if (ord(c) < 32 or 127 <= ord(c) < 160) and c not in keep else c for c in text[:20])
+    assert clean(text, 20, keep) == want
 
 
 def test_json_reader_limits() -> None:

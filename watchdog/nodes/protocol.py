@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,24 +37,20 @@ class LogRefused(ProtocolError):
 MAX_DEPTH = 16  # the deepest a request (or an answer) may nest; ours nest 5 at most
 
 
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # one JSON string, its escapes included
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
 def depth(text: str) -> int:
-    """How deep the arrays and objects of a JSON text nest (strings skipped), without recursion."""
+    """How deep the arrays and objects of a JSON text nest (strings skipped), without recursion. The strings go
+    first (one regex); a quote left is a string never closed, and all after it is inside it."""
+    bare = _STRING.sub("", text).split('"', 1)[0]
     deepest = level = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
+    for m in _BRACKET.finditer(bare):
+        if m.group() in "[{":
             level += 1
             deepest = max(deepest, level)
-        elif ch in "]}":
+        else:
             level -= 1
     return deepest
 
@@ -126,8 +123,10 @@ def parse_answer(raw: bytes) -> dict[str, Any]:
 def clean(value: object, limit: int = 512, keep: str = "") -> str:
     """A string from the other side, fit to print on one line (``keep="\\n\\t"``: lines kept): control characters
     (terminal escapes included) replaced, length capped."""
-    text = value if isinstance(value, str) else str(value)
-    return "".join("\ufffd" if (ord(c) < 32 or 127 <= ord(c) < 160) and c not in keep else c for c in text[:limit])
+    text = (value if isinstance(value, str) else str(value))[:limit]
+    if text.isprintable():  # no control character in it (C0, DEL and C1 are all unprintable): most text, at once
+        return text
+    return "".join("\ufffd" if (ord(c) < 32 or 127 <= ord(c) < 160) and c not in keep else c for c in text)
 
 
 def number(value: object, what: str) -> float:
@@ -305,6 +304,7 @@ class RankState:
 
 
 RANK_STATE_NAMES = frozenset(RANK_STATES.values())
+ROLE_NAMES = frozenset(x.value for x in Role)
 
 
 def ranks_from_report(report: object) -> tuple[RankState, ...]:
@@ -317,7 +317,7 @@ def ranks_from_report(report: object) -> tuple[RankState, ...]:
         if not isinstance(r, dict):
             raise ProtocolError("bad rank in a liveness report: not an object")
         role, state = r.get("role"), r.get("state")
-        if role not in {x.value for x in Role} or state not in RANK_STATE_NAMES:
+        if role not in ROLE_NAMES or state not in RANK_STATE_NAMES:
             raise ProtocolError(f"bad rank in a liveness report: role {clean(role, 40)!r}, state {clean(state, 40)!r}")
         out.append(RankState(pid_of(r.get("pid")), clean(r.get("title") or "", 256), str(role), str(state)))
     return tuple(out)
