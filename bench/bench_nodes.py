@@ -10,8 +10,9 @@ real sshd and the real agent, stand-in ranks titled VLLM::Worker_TP<n> parked in
 2. Steady state at the largest size (``--soak-minutes``; ``--soak-scrape``: the scrape interval, by default the
    product's 1 s): the engine idle, every node's liveness stream up; every 10 s the CPU seconds (utime+stime,
    reaped children included) and RSS of the head (the daemon and its ssh children) and of each node's agent side
-   (its sshd and everything under it: the session the head's connection holds, the liveness process, short calls). Against, in the same window, a naive head poller: a GET of /metrics
-   and a full prometheus_client parse at 1 Hz (bench_engine's NAIVE).
+   (its sshd and everything under it: the session the head's connection holds, the liveness process, short calls).
+   Against, in the same window, a naive head poller: a GET of /metrics and a full prometheus_client parse at 1 Hz
+   (bench_engine's NAIVE).
 """
 
 from __future__ import annotations
