@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -11,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from watchdog.evidence.gpu.readings import GpuSample
 
@@ -120,6 +123,27 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     model: EngineModel
 
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.open: set[socket.socket] = set()  # the connections kept open, ended with the server
+        self.open_lock = threading.Lock()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self.open_lock:
+            self.open.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.open_lock:
+                self.open.discard(request)
+
+    def end_connections(self) -> None:
+        """An engine that is gone answers on no connection, kept open or not."""
+        with self.open_lock:
+            for conn in self.open:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+
 
 @contextmanager
 def fake_engine(model: EngineModel | None = None) -> Iterator[tuple[str, EngineModel]]:
@@ -134,6 +158,7 @@ def fake_engine(model: EngineModel | None = None) -> Iterator[tuple[str, EngineM
         server.model.release.set()
         server.shutdown()
         server.server_close()
+        server.end_connections()
         thread.join(5)
 
 
