@@ -25,7 +25,7 @@ from tests.facts import line_of, says
 from tests.harness.sshnode import SshNode
 from tests.unit.test_layout import IO, reach
 from watchdog.config.load import Config, load
-from watchdog.core.processes import Capture, Dump, EngineProcess, Problem
+from watchdog.core.processes import Capture, Dump, EngineProcess, NodeReach, Problem
 from watchdog.core.roles import Role
 from watchdog.evidence.bundle.per_node import node_lines, per_node
 from watchdog.evidence.collect.context import RING_WARNING, Context
@@ -177,8 +177,7 @@ def test_per_node_is_pure_and_names_what_is_missing() -> None:
     remote = EngineProcess(11, Role.WORKER, "VLLM::Worker_TP1 on node w1", {"TP": 1}, node="w1")  # the same pid
     ok = Dump(11, 0.0, True, "[]")
     capture = Capture((local, remote), ({local.id: ok, remote.id: Dump(11, 0.0, False, "", "timeout")},),
-                      options={"nodes": {"w1": {"processes": 1, "clock_offset_s": -0.25, "reachable": True},
-                                         "w2": {"processes": 0, "clock_offset_s": None, "reachable": False}}})
+                      nodes=(NodeReach("w1", 1, -0.25, True), NodeReach("w2", 0, None, False)))
     # which node a problem is of is its field, never its text ("node w1: ..." said by this host stays this host's)
     nodes = per_node(capture, {}, [Problem("unreachable: no stacks: timed out", "w2"), Problem("pid 11: timeout", "w1"),
                                    Problem("py-spy missing"), Problem("node w1: its log names this host")])
